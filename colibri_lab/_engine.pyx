@@ -1,0 +1,603 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin binding over native/include/colibri.h.
+
+Owns the C handles and converts between C structs and Python values; no
+policy lives here.  Every forward runs with the GIL released.  An Engine keeps
+its Model alive; __dealloc__ is safe on a half-built or already-freed object.
+"""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
+
+import numpy as np
+cimport numpy as cnp
+
+from colibri_lab import errors
+
+cnp.import_array()
+
+cdef extern from "colibri.h" nogil:
+    ctypedef struct cb_model:
+        pass
+    ctypedef struct cb_engine:
+        pass
+
+    enum:
+        CB_OK, CB_ERR_IO, CB_ERR_FORMAT, CB_ERR_UNSUPPORTED, CB_ERR_NOMEM, CB_ERR_ARG,
+        CB_ERR_FULL, CB_ERR_CONTEXT, CB_ERR_NOT_FOUND, CB_ERR_BUSY
+    enum:
+        CB_SIMD_AUTO, CB_SIMD_SCALAR, CB_SIMD_AVX2, CB_SIMD_AVX512
+    enum:
+        CB_MAX_LOGPROBS, CB_MAX_STOP
+    enum:
+        CB_EVENT_TOKEN, CB_EVENT_DONE, CB_EVENT_ERROR
+
+    const char *cb_status_str(int status)
+    int cb_simd_detect()
+    const char *cb_simd_name(int simd)
+
+    ctypedef struct cb_model_params:
+        int validate_only
+    cb_model_params cb_model_default_params()
+    int cb_model_load(const char *path, const cb_model_params *params, cb_model **out, char *err, size_t err_len)
+    void cb_model_free(cb_model *model)
+
+    ctypedef struct cb_model_info:
+        char arch[32]
+        int n_vocab, n_ctx_train, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot, rope_neox
+        float rope_freq_base, rope_freq_scale, norm_eps
+        int tied_output, bos_id, eos_id, add_bos
+        uint64_t n_params, weight_bytes
+        int file_type
+    void cb_model_get_info(const cb_model *model, cb_model_info *info)
+
+    int cb_model_meta_count(const cb_model *model)
+    const char *cb_model_meta_key(const cb_model *model, int i, size_t *len)
+    int cb_model_meta_type(const cb_model *model, int i)
+    int cb_model_meta_arr_type(const cb_model *model, int i)
+    uint64_t cb_model_meta_arr_len(const cb_model *model, int i)
+    int cb_model_meta_int(const cb_model *model, int i, int64_t *out)
+    int cb_model_meta_float(const cb_model *model, int i, double *out)
+    const char *cb_model_meta_str(const cb_model *model, int i, size_t *len)
+    const char *cb_model_meta_arr_str(const cb_model *model, int i, uint64_t j, size_t *len)
+    int cb_model_meta_arr_int(const cb_model *model, int i, uint64_t j, int64_t *out)
+    int cb_model_meta_arr_float(const cb_model *model, int i, uint64_t j, double *out)
+    int cb_model_meta_find(const cb_model *model, const char *key)
+    int cb_model_tensor_count(const cb_model *model)
+    const char *cb_model_tensor_name(const cb_model *model, int i, size_t *len)
+    int cb_model_tensor_type(const cb_model *model, int i)
+    int cb_model_tensor_dims(const cb_model *model, int i, int64_t ne[4])
+    const uint8_t *cb_model_token_bytes(const cb_model *model, int token, size_t *len)
+    int cb_model_token_type(const cb_model *model, int token)
+    int cb_model_token_is_eog(const cb_model *model, int token)
+
+    ctypedef struct cb_engine_params:
+        int n_slots, n_ctx, n_threads, n_batch, n_chunk, simd, prefix_reuse
+    cb_engine_params cb_engine_default_params()
+    int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engine **out, char *err, size_t err_len)
+    void cb_engine_free(cb_engine *engine)
+    void cb_engine_get_params(const cb_engine *engine, cb_engine_params *params)
+
+    ctypedef struct cb_sampling_params:
+        float temperature
+        int top_k
+        float top_p, min_p, repeat_penalty
+        int repeat_last_n
+        float presence_penalty, frequency_penalty
+        uint64_t seed
+        int n_logprobs, n_logit_bias
+        const int32_t *logit_bias_tokens
+        const float *logit_bias_values
+    ctypedef struct cb_request_params:
+        const int32_t *tokens
+        int n_tokens, slot, max_tokens, ignore_eos, n_stop
+        const char *stop[8]
+        size_t stop_len[8]
+        int return_logits, copy_prefix
+        cb_sampling_params sampling
+    cb_request_params cb_request_default_params()
+
+    ctypedef struct cb_request_metrics:
+        int prompt_tokens, cached_tokens, completion_tokens
+        double queue_ms, ttft_ms, prefill_ms, decode_ms, e2e_ms, tpot_ms, decode_tok_s
+        int draft_n, draft_accepted
+        double grammar_mask_us
+        int slot, finish_reason, stop_offset
+    ctypedef struct cb_event:
+        int type
+        int64_t id
+        int32_t token
+        float logprob
+        int n_top
+        int32_t top_tokens[20]
+        float top_logprobs[20]
+        const float *logits
+        cb_request_metrics metrics
+        int status
+        char message[160]
+    const char *cb_finish_str(int finish)
+    int cb_engine_submit(cb_engine *engine, const cb_request_params *req, int64_t *id_out, char *err, size_t err_len)
+    int cb_engine_cancel(cb_engine *engine, int64_t id)
+    int cb_engine_step(cb_engine *engine, cb_event *events, int max_events)
+    int cb_engine_pending(const cb_engine *engine)
+
+    ctypedef struct cb_step_stats:
+        int64_t step
+        int rows_decode, rows_prefill, n_running
+        double step_ms, matmul_ms, attention_ms, lm_head_ms, sampling_ms, grammar_ms, draft_ms, other_ms
+    void cb_engine_last_step(const cb_engine *engine, cb_step_stats *stats)
+    int cb_engine_slot_info(const cb_engine *engine, int slot, int *n_past, int *busy)
+    int cb_engine_slot_tokens(const cb_engine *engine, int slot, int32_t *out, int cap)
+    int cb_engine_slot_clear(cb_engine *engine, int slot)
+    int cb_engine_forward(cb_engine *engine, int slot, const int32_t *tokens, int n, int pos,
+                          float *logits_out, char *err, size_t err_len)
+
+    int cb_kernel_matmul(int type, const void *w, int n_out, int n_in, const float *x, int n_rows,
+                         float *y, int simd, int n_threads)
+    size_t cb_type_size(int type, int64_t n)
+    const char *cb_type_name(int type)
+
+
+DEF ERR_LEN = 512
+DEF EVENT_CAP = 512
+
+SIMD_NAMES = {"scalar": CB_SIMD_SCALAR, "avx2": CB_SIMD_AVX2, "avx512": CB_SIMD_AVX512, "auto": CB_SIMD_AUTO}
+
+
+def _raise(int status, message):
+    """Raise the typed exception for a negative cb_status."""
+    msg = message or cb_status_str(status).decode()
+    if status == CB_ERR_UNSUPPORTED:
+        raise errors.UnsupportedModelError(msg)
+    if status in (CB_ERR_FORMAT, CB_ERR_IO):
+        raise errors.ModelLoadError(msg)
+    if status == CB_ERR_CONTEXT:
+        raise errors.ContextLengthExceededError(msg)
+    if status == CB_ERR_ARG:
+        raise errors.InvalidRequestError(msg)
+    if status == CB_ERR_FULL:
+        raise errors.QueueFullError(msg)
+    if status == CB_ERR_NOT_FOUND:
+        raise KeyError(msg)
+    raise errors.EngineError(msg)
+
+
+cdef str _err_str(char *err):
+    return err[:].decode("utf-8", "replace")
+
+
+def simd_detect():
+    """Name of the best SIMD level this CPU supports."""
+    return cb_simd_name(cb_simd_detect()).decode()
+
+
+def simd_available():
+    """SIMD levels usable here, from slowest to fastest ("scalar" always)."""
+    best = cb_simd_detect()
+    return [name for name, lvl in (("scalar", CB_SIMD_SCALAR), ("avx2", CB_SIMD_AVX2), ("avx512", CB_SIMD_AVX512))
+            if lvl <= best]
+
+
+cdef int _simd_level(simd) except? -2:
+    if isinstance(simd, int):
+        return simd
+    try:
+        return SIMD_NAMES[simd]
+    except KeyError:
+        raise errors.InvalidRequestError(f"unknown SIMD level {simd!r}; expected one of {sorted(SIMD_NAMES)}")
+
+
+def type_size(int type_id, int64_t n):
+    """Bytes of n elements of a GGML type (0 if unknown)."""
+    return cb_type_size(type_id, n)
+
+
+def type_name(int type_id):
+    return cb_type_name(type_id).decode()
+
+
+def kernel_matmul(int type_id, w, int n_out, int n_in, x, simd="scalar", int n_threads=1):
+    """y = x @ W.T through the engine's kernel for `simd`, W given as raw GGUF blocks."""
+    cdef int level = _simd_level(simd)
+    if level != CB_SIMD_SCALAR and level > cb_simd_detect():
+        raise errors.InvalidRequestError(f"SIMD level {simd!r} is not available on this CPU")
+    cdef const uint8_t[::1] wv = np.ascontiguousarray(np.frombuffer(memoryview(w).cast("B"), dtype=np.uint8))
+    cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
+    if xa.ndim == 1:
+        xa = xa.reshape(1, -1)
+    if xa.ndim != 2 or xa.shape[1] != n_in:
+        raise errors.InvalidRequestError(f"x must have shape [n_rows, {n_in}], got {x.shape}")
+    cdef size_t need = cb_type_size(type_id, n_in) * n_out
+    if need == 0 or <size_t>wv.shape[0] != need:
+        raise errors.InvalidRequestError(f"w has {wv.shape[0]} bytes, expected {need} for {n_out} rows of {n_in} of type {type_id}")
+    cdef int n_rows = xa.shape[0]
+    cdef cnp.ndarray[cnp.float32_t, ndim=2] y = np.zeros((n_rows, n_out), dtype=np.float32)
+    cdef int rc
+    cdef const void *wp = &wv[0]
+    cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+    cdef float *yp = <float *>cnp.PyArray_DATA(y)
+    with nogil:
+        rc = cb_kernel_matmul(type_id, wp, n_out, n_in, xp, n_rows, yp, level, n_threads)
+    if rc != CB_OK:
+        _raise(rc, f"kernel_matmul failed: {cb_status_str(rc).decode()}")
+    return y
+
+
+cdef class Model:
+    """A GGUF file mapped read-only and validated.  Immutable once loaded."""
+    cdef cb_model *ptr
+    cdef readonly str path
+    cdef dict _info
+
+    def __cinit__(self):
+        self.ptr = NULL
+
+    def __init__(self, path, validate_only=False):
+        cdef bytes bpath = str(path).encode()
+        cdef char err[ERR_LEN]
+        cdef cb_model_params p = cb_model_default_params()
+        cdef const char *cpath = bpath
+        cdef int rc
+        err[0] = 0
+        p.validate_only = 1 if validate_only else 0
+        with nogil:
+            rc = cb_model_load(cpath, &p, &self.ptr, err, ERR_LEN)
+        if rc != CB_OK:
+            _raise(rc, f"{path}: {_err_str(err)}")
+        self.path = str(path)
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            cb_model_free(self.ptr)
+            self.ptr = NULL
+
+    cdef _check(self):
+        if self.ptr == NULL:
+            raise errors.ColibriError("model is not loaded")
+
+    @property
+    def info(self):
+        """Hyperparameters as a dict (cb_model_info)."""
+        self._check()
+        cdef cb_model_info i
+        if self._info is None:
+            cb_model_get_info(self.ptr, &i)
+            self._info = dict(
+                arch=i.arch.decode(), n_vocab=i.n_vocab, n_ctx_train=i.n_ctx_train, n_embd=i.n_embd,
+                n_ff=i.n_ff, n_layer=i.n_layer, n_head=i.n_head, n_head_kv=i.n_head_kv,
+                head_dim=i.head_dim, n_rot=i.n_rot, rope_neox=bool(i.rope_neox),
+                rope_freq_base=i.rope_freq_base, rope_freq_scale=i.rope_freq_scale, norm_eps=i.norm_eps,
+                tied_output=bool(i.tied_output), bos_id=i.bos_id, eos_id=i.eos_id, add_bos=bool(i.add_bos),
+                n_params=i.n_params, weight_bytes=i.weight_bytes, file_type=i.file_type)
+        return dict(self._info)
+
+    @property
+    def n_vocab(self):
+        return self.info["n_vocab"]
+
+    cdef object _meta_value(self, int i):
+        cdef int t = cb_model_meta_type(self.ptr, i)
+        cdef int64_t iv
+        cdef double fv
+        cdef size_t n
+        cdef const char *s
+        cdef uint64_t j, alen
+        cdef int at
+        if t == 8:
+            s = cb_model_meta_str(self.ptr, i, &n)
+            return s[:n].decode("utf-8", "replace")
+        if t in (6, 12):
+            cb_model_meta_float(self.ptr, i, &fv)
+            return fv
+        if t == 7:
+            cb_model_meta_int(self.ptr, i, &iv)
+            return bool(iv)
+        if t == 9:
+            at = cb_model_meta_arr_type(self.ptr, i)
+            alen = cb_model_meta_arr_len(self.ptr, i)
+            out = []
+            for j in range(alen):
+                if at == 8:
+                    s = cb_model_meta_arr_str(self.ptr, i, j, &n)
+                    out.append(s[:n].decode("utf-8", "replace"))
+                elif at in (6, 12):
+                    cb_model_meta_arr_float(self.ptr, i, j, &fv)
+                    out.append(fv)
+                else:
+                    cb_model_meta_arr_int(self.ptr, i, j, &iv)
+                    out.append(bool(iv) if at == 7 else iv)
+            return out
+        cb_model_meta_int(self.ptr, i, &iv)
+        return iv
+
+    def metadata(self, keys=None):
+        """GGUF metadata as a dict (arrays as lists).  `keys` limits it to those present."""
+        self._check()
+        cdef int i
+        cdef size_t n
+        cdef const char *k
+        out = {}
+        if keys is not None:
+            for key in keys:
+                i = cb_model_meta_find(self.ptr, key.encode())
+                if i >= 0:
+                    out[key] = self._meta_value(i)
+            return out
+        for i in range(cb_model_meta_count(self.ptr)):
+            k = cb_model_meta_key(self.ptr, i, &n)
+            out[k[:n].decode("utf-8", "replace")] = self._meta_value(i)
+        return out
+
+    def tensors(self):
+        """[(name, type name, shape)] in file order (GGUF dims, innermost first)."""
+        self._check()
+        cdef int64_t ne[4]
+        cdef size_t n
+        cdef const char *name
+        out = []
+        for i in range(cb_model_tensor_count(self.ptr)):
+            nd = cb_model_tensor_dims(self.ptr, i, ne)
+            name = cb_model_tensor_name(self.ptr, i, &n)
+            out.append((name[:n].decode("utf-8", "replace"), cb_type_name(cb_model_tensor_type(self.ptr, i)).decode(),
+                        tuple(ne[d] for d in range(nd))))
+        return out
+
+    def token_bytes(self, int token):
+        """Raw bytes of a token (byte-level BPE decoded in C)."""
+        self._check()
+        cdef size_t n
+        cdef const uint8_t *p = cb_model_token_bytes(self.ptr, token, &n)
+        if p == NULL:
+            raise errors.InvalidRequestError(f"token id {token} is out of range [0, {self.n_vocab})")
+        return p[:n]
+
+    def token_type(self, int token):
+        self._check()
+        return cb_model_token_type(self.ptr, token)
+
+    def token_is_eog(self, int token):
+        self._check()
+        return bool(cb_model_token_is_eog(self.ptr, token))
+
+    def detokenize_bytes(self, tokens):
+        """Concatenated raw bytes of token ids."""
+        self._check()
+        cdef size_t n
+        cdef const uint8_t *p
+        parts = []
+        for t in tokens:
+            p = cb_model_token_bytes(self.ptr, t, &n)
+            if p == NULL:
+                raise errors.InvalidRequestError(f"token id {t} is out of range [0, {self.n_vocab})")
+            parts.append(p[:n])
+        return b"".join(parts)
+
+
+cdef dict _metrics_dict(const cb_request_metrics *m):
+    return dict(
+        prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens, completion_tokens=m.completion_tokens,
+        queue_ms=m.queue_ms, ttft_ms=m.ttft_ms, prefill_ms=m.prefill_ms, decode_ms=m.decode_ms, e2e_ms=m.e2e_ms,
+        tpot_ms=m.tpot_ms, decode_tok_s=m.decode_tok_s, draft_n=m.draft_n, draft_accepted=m.draft_accepted,
+        grammar_mask_us=m.grammar_mask_us, slot=m.slot, finish_reason=cb_finish_str(m.finish_reason).decode(),
+        stop_offset=m.stop_offset)
+
+
+cdef class Engine:
+    """KV slots, a thread pool and the step loop over one Model.
+
+    Not thread-safe: one thread drives it (colibri_lab.scheduler does)."""
+    cdef cb_engine *ptr
+    cdef cb_event *events
+    cdef readonly Model model
+    cdef int n_vocab
+    cdef bint in_step
+
+    def __cinit__(self):
+        self.ptr = NULL
+        self.events = NULL
+        self.in_step = False
+
+    def __init__(self, Model model not None, int n_slots=1, int n_ctx=0, int n_threads=0, int n_batch=0,
+                 int n_chunk=0, simd="auto", prefix_reuse=True):
+        model._check()
+        cdef cb_engine_params p = cb_engine_default_params()
+        cdef char err[ERR_LEN]
+        cdef int rc
+        err[0] = 0
+        p.n_slots = n_slots
+        p.n_ctx = n_ctx
+        p.n_threads = n_threads
+        p.n_batch = n_batch
+        p.n_chunk = n_chunk
+        p.simd = _simd_level(simd)
+        p.prefix_reuse = 1 if prefix_reuse else 0
+        with nogil:
+            rc = cb_engine_new(model.ptr, &p, &self.ptr, err, ERR_LEN)
+        if rc != CB_OK:
+            _raise(rc, _err_str(err))
+        self.model = model
+        self.n_vocab = model.n_vocab
+        self.events = <cb_event *>malloc(EVENT_CAP * sizeof(cb_event))
+        if self.events == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            cb_engine_free(self.ptr)
+            self.ptr = NULL
+        if self.events != NULL:
+            free(self.events)
+            self.events = NULL
+
+    def close(self):
+        """Free the engine now (KV cache, threads); the object becomes unusable."""
+        if self.ptr != NULL:
+            cb_engine_free(self.ptr)
+            self.ptr = NULL
+
+    cdef _check(self):
+        if self.ptr == NULL:
+            raise errors.ColibriError("engine is closed")
+        if self.in_step:
+            raise errors.ColibriError("engine is being stepped by another thread; submit through the scheduler")
+
+    @property
+    def params(self):
+        if self.ptr == NULL:
+            raise errors.ColibriError("engine is closed")
+        cdef cb_engine_params p
+        cb_engine_get_params(self.ptr, &p)
+        names = {CB_SIMD_SCALAR: "scalar", CB_SIMD_AVX2: "avx2", CB_SIMD_AVX512: "avx512"}
+        return dict(n_slots=p.n_slots, n_ctx=p.n_ctx, n_threads=p.n_threads, n_batch=p.n_batch,
+                    n_chunk=p.n_chunk, simd=names.get(p.simd, str(p.simd)), prefix_reuse=bool(p.prefix_reuse))
+
+    def submit(self, tokens, int max_tokens=16, int slot=-1, double temperature=0.0, int top_k=0,
+               double top_p=1.0, double min_p=0.0, double repeat_penalty=1.0, int repeat_last_n=64,
+               double presence_penalty=0.0, double frequency_penalty=0.0, seed=0, int n_logprobs=0,
+               logit_bias=None, stop=None, bint ignore_eos=False, bint return_logits=False,
+               bint copy_prefix=False):
+        """Queue a request; returns its id.  Bad parameters raise InvalidRequestError."""
+        self._check()
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef cb_request_params r = cb_request_default_params()
+        cdef char err[ERR_LEN]
+        cdef int64_t rid = 0
+        cdef int rc, i
+        err[0] = 0
+        stops = [s.encode() if isinstance(s, str) else bytes(s) for s in (stop or [])]
+        if len(stops) > CB_MAX_STOP:
+            raise errors.InvalidRequestError(f"at most {CB_MAX_STOP} stop strings, got {len(stops)}")
+        bias = dict(logit_bias or {})
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] btok = np.array(list(bias.keys()), dtype=np.int32)
+        cdef cnp.ndarray[cnp.float32_t, ndim=1] bval = np.array(list(bias.values()), dtype=np.float32)
+        if toks.shape[0] == 0:
+            raise errors.InvalidRequestError("a request needs at least one prompt token")
+        if not (0 <= int(seed) < 2 ** 64):
+            raise errors.InvalidRequestError(f"seed must be in [0, 2**64), got {seed}")
+        r.tokens = <const int32_t *>cnp.PyArray_DATA(toks)
+        r.n_tokens = toks.shape[0]
+        r.slot = slot
+        r.max_tokens = max_tokens
+        r.ignore_eos = ignore_eos
+        r.return_logits = return_logits
+        r.copy_prefix = copy_prefix
+        r.n_stop = len(stops)
+        for i in range(len(stops)):
+            r.stop[i] = <const char *>stops[i]
+            r.stop_len[i] = len(stops[i])
+        r.sampling.temperature = temperature
+        r.sampling.top_k = top_k
+        r.sampling.top_p = top_p
+        r.sampling.min_p = min_p
+        r.sampling.repeat_penalty = repeat_penalty
+        r.sampling.repeat_last_n = repeat_last_n
+        r.sampling.presence_penalty = presence_penalty
+        r.sampling.frequency_penalty = frequency_penalty
+        r.sampling.seed = <uint64_t>int(seed)
+        r.sampling.n_logprobs = n_logprobs
+        r.sampling.n_logit_bias = len(bias)
+        if len(bias):
+            r.sampling.logit_bias_tokens = <const int32_t *>cnp.PyArray_DATA(btok)
+            r.sampling.logit_bias_values = <const float *>cnp.PyArray_DATA(bval)
+        rc = cb_engine_submit(self.ptr, &r, &rid, err, ERR_LEN)
+        if rc != CB_OK:
+            _raise(rc, _err_str(err))
+        return rid
+
+    def cancel(self, int64_t request_id):
+        """Cancel a request; it finishes with reason 'cancelled' at the next step.  False if unknown."""
+        self._check()
+        return cb_engine_cancel(self.ptr, request_id) == CB_OK
+
+    @property
+    def pending(self):
+        """Requests queued or running."""
+        if self.ptr == NULL:
+            return 0
+        return cb_engine_pending(self.ptr)
+
+    def step(self):
+        """One scheduling step (GIL released); returns the list of event dicts."""
+        self._check()
+        cdef int n, i, j
+        cdef cb_event *ev
+        cdef cnp.ndarray[cnp.float32_t, ndim=1] lg
+        self.in_step = True
+        try:
+            with nogil:
+                n = cb_engine_step(self.ptr, self.events, EVENT_CAP)
+        finally:
+            self.in_step = False
+        if n < 0:
+            _raise(n, "step failed")
+        out = []
+        for i in range(n):
+            ev = &self.events[i]
+            if ev.type == CB_EVENT_TOKEN:
+                d = {"type": "token", "id": ev.id, "token": ev.token, "logprob": ev.logprob}
+                if ev.n_top:
+                    d["top"] = [(ev.top_tokens[j], ev.top_logprobs[j]) for j in range(ev.n_top)]
+                if ev.logits != NULL:
+                    lg = np.empty(self.n_vocab, dtype=np.float32)
+                    memcpy(cnp.PyArray_DATA(lg), ev.logits, self.n_vocab * sizeof(float))
+                    d["logits"] = lg
+            elif ev.type == CB_EVENT_DONE:
+                d = {"type": "done", "id": ev.id, "metrics": _metrics_dict(&ev.metrics)}
+            else:
+                d = {"type": "error", "id": ev.id, "status": ev.status,
+                     "message": ev.message.decode("utf-8", "replace")}
+            out.append(d)
+        return out
+
+    def last_step(self):
+        """Profile of the last step (cb_step_stats) as a dict."""
+        self._check()
+        cdef cb_step_stats s
+        cb_engine_last_step(self.ptr, &s)
+        return dict(step=s.step, rows_decode=s.rows_decode, rows_prefill=s.rows_prefill, n_running=s.n_running,
+                    step_ms=s.step_ms, matmul_ms=s.matmul_ms, attention_ms=s.attention_ms,
+                    lm_head_ms=s.lm_head_ms, sampling_ms=s.sampling_ms, grammar_ms=s.grammar_ms,
+                    draft_ms=s.draft_ms, other_ms=s.other_ms)
+
+    def slot_info(self, int slot):
+        self._check()
+        cdef int n_past = 0, busy = 0
+        if cb_engine_slot_info(self.ptr, slot, &n_past, &busy) != CB_OK:
+            raise errors.InvalidRequestError(f"slot {slot} is out of range")
+        return {"n_past": n_past, "busy": bool(busy)}
+
+    def slot_tokens(self, int slot):
+        self._check()
+        info = self.slot_info(slot)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] out = np.zeros(max(1, info["n_past"]), dtype=np.int32)
+        n = cb_engine_slot_tokens(self.ptr, slot, <int32_t *>cnp.PyArray_DATA(out), info["n_past"])
+        return out[:n].tolist()
+
+    def slot_clear(self, int slot):
+        self._check()
+        rc = cb_engine_slot_clear(self.ptr, slot)
+        if rc != CB_OK:
+            _raise(rc, f"cannot clear slot {slot}: {cb_status_str(rc).decode()}")
+
+    def forward(self, int slot, tokens, int pos=0):
+        """Raw forward of `tokens` at positions [pos, pos+n) on an idle slot; logits [n, n_vocab]."""
+        self._check()
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef int n = toks.shape[0]
+        if n == 0:
+            raise errors.InvalidRequestError("forward needs at least one token")
+        cdef cnp.ndarray[cnp.float32_t, ndim=2] out = np.empty((n, self.n_vocab), dtype=np.float32)
+        cdef char err[ERR_LEN]
+        cdef int rc
+        cdef const int32_t *tp = <const int32_t *>cnp.PyArray_DATA(toks)
+        cdef float *op = <float *>cnp.PyArray_DATA(out)
+        err[0] = 0
+        self.in_step = True
+        try:
+            with nogil:
+                rc = cb_engine_forward(self.ptr, slot, tp, n, pos, op, err, ERR_LEN)
+        finally:
+            self.in_step = False
+        if rc != CB_OK:
+            _raise(rc, _err_str(err))
+        return out

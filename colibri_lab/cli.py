@@ -1,0 +1,159 @@
+"""`colibri-lab` command line.
+
+    colibri-lab generate "The capital of France is" --max-tokens 32
+    colibri-lab chat "Write a haiku about hummingbirds"
+    colibri-lab models list
+    colibri-lab models pull smollm2
+    colibri-lab info [--model PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from colibri_lab import models
+from colibri_lab.errors import ColibriError
+
+_METRIC_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms", "ttft_ms", "prefill_ms",
+                "decode_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "finish_reason", "slot")
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="alias or GGUF path (default: smollm2)")
+    p.add_argument("--threads", type=int, default=0, help="compute threads (0 = all cores)")
+    p.add_argument("--ctx", type=int, default=2048, help="context length per slot")
+    p.add_argument("--simd", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
+
+
+def _gen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text + table")
+    p.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming it")
+
+
+def _make_engine(a):
+    from colibri_lab.engine import Engine
+
+    return Engine(a.model, n_threads=a.threads, n_ctx=a.ctx, simd=a.simd)
+
+
+def _print_result(eng, text: str, metrics: dict, as_json: bool, streamed: bool) -> None:
+    if as_json:
+        print(json.dumps({"text": text, "metrics": metrics, "engine": eng.params}, indent=2))
+        return
+    if not streamed:
+        print(text)
+    else:
+        print()
+    print("-" * 60)
+    print(f"model {eng.model_name}  simd {eng.params['simd']}  threads {eng.params['n_threads']}")
+    for k in _METRIC_KEYS:
+        v = metrics.get(k)
+        print(f"{k:>18}  {v:.2f}" if isinstance(v, float) else f"{k:>18}  {v}")
+
+
+def _run_generation(eng, prompt_ids, a) -> int:
+    kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+              seed=a.seed, stop=a.stop)
+    stream = not a.no_stream and not a.json
+    pieces, metrics = [], {}
+    for ev in eng.stream_events(prompt_ids, **kw):
+        pieces.append(ev["text"])
+        if stream:
+            print(ev["text"], end="", flush=True)
+        if ev.get("done"):
+            metrics = ev["metrics"]
+    _print_result(eng, "".join(pieces), metrics, a.json, stream)
+    return 0
+
+
+def cmd_generate(a) -> int:
+    eng = _make_engine(a)
+    try:
+        if not a.json and not a.no_stream:
+            print(a.prompt, end="", flush=True)
+        return _run_generation(eng, eng.tokenize(a.prompt), a)
+    finally:
+        eng.close()
+
+
+def cmd_chat(a) -> int:
+    eng = _make_engine(a)
+    try:
+        messages = ([{"role": "system", "content": a.system}] if a.system else []) + [{"role": "user", "content": a.message}]
+        prompt = eng.apply_chat_template(messages)
+        return _run_generation(eng, eng.tokenize(prompt, add_special=False), a)
+    finally:
+        eng.close()
+
+
+def cmd_models(a) -> int:
+    if a.action == "list":
+        rows = models.list_models()
+        for r in rows:
+            state = "cached" if r.get("cached") else "not cached"
+            print(f"{r['alias']:<12} {state:<11} {r.get('path') or ''}")
+        return 0
+    path = models.pull(a.name)
+    print(path)
+    return 0
+
+
+def cmd_info(a) -> int:
+    from colibri_lab import _engine
+
+    m = _engine.Model(str(models.resolve(a.model)))
+    print(json.dumps({"path": m.path, "info": m.info, "simd_available": _engine.simd_available(),
+                      "simd_detected": _engine.simd_detect()}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="colibri-lab", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete a prompt and print text plus metrics")
+    g.add_argument("prompt")
+    _engine_args(g)
+    _gen_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="one chat turn through the model's chat template")
+    c.add_argument("message")
+    c.add_argument("--system", default=None)
+    _engine_args(c)
+    _gen_args(c)
+    c.set_defaults(func=cmd_chat)
+
+    m = sub.add_parser("models", help="list or pull model aliases")
+    msub = m.add_subparsers(dest="action", required=True)
+    msub.add_parser("list")
+    pl = msub.add_parser("pull")
+    pl.add_argument("name")
+    m.set_defaults(func=cmd_models)
+
+    i = sub.add_parser("info", help="print a model's hyperparameters and the SIMD paths")
+    i.add_argument("--model", default="smollm2")
+    i.set_defaults(func=cmd_info)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.func(a)
+    except ColibriError as e:
+        print(f"colibri-lab: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

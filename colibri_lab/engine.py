@@ -1,0 +1,261 @@
+"""`Engine`: load a model by alias or path, tokenize, render chat templates,
+and generate or stream text through the scheduler.
+
+    eng = Engine("smollm2", n_threads=2)
+    out = eng.generate("The capital of France is", max_tokens=16)
+    out.text, out.finish_reason, out.metrics["decode_tok_s"]
+    for piece in eng.stream("Once upon a time", max_tokens=32):
+        print(piece, end="")
+    eng.chat([{"role": "user", "content": "Hi!"}]).text
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from colibri_lab import _engine, chat as chat_mod, models
+from colibri_lab.errors import InvalidRequestError
+from colibri_lab.scheduler import RequestHandle, Scheduler
+from colibri_lab.tokenizer import Tokenizer
+
+# Engine.submit keyword names a caller may pass through generate/stream/chat.
+_SAMPLING_KEYS = {
+    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+    "presence_penalty", "frequency_penalty", "seed", "logit_bias", "ignore_eos",
+    "return_logits", "copy_prefix", "slot",
+}
+
+
+@dataclass
+class Completion:
+    """One finished generation."""
+
+    text: str                       # decoded output (cut before a matched stop string)
+    tokens: list[int]               # completion token ids (the EOG token is not included)
+    finish_reason: str              # "stop" | "length" | "cancelled" | "context"
+    metrics: dict                   # per-request metrics, DESIGN.md names
+    prompt_tokens: list[int] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)  # per token: token, logprob, top [(id, logprob)]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class _Utf8Stream:
+    """Turns token bytes into text pieces that never split a UTF-8 character
+    and never show bytes that might still turn out to be part of a stop string."""
+
+    def __init__(self, stops: Sequence[bytes]):
+        self.buf = b""        # all output bytes so far
+        self.emitted = 0      # bytes already handed out
+        self.stops = [s for s in stops if s]
+
+    def _held_back(self) -> int:
+        hold = 0
+        for s in self.stops:
+            for j in range(min(len(s) - 1, len(self.buf)), 0, -1):
+                if self.buf.endswith(s[:j]):
+                    hold = max(hold, j)
+                    break
+        return hold
+
+    def feed(self, data: bytes) -> str:
+        self.buf += data
+        end = len(self.buf) - self._held_back()
+        return self._take(end)
+
+    def finish(self, stop_offset: int) -> str:
+        end = stop_offset if stop_offset >= 0 else len(self.buf)
+        return self._take(end, final=True)
+
+    def _take(self, end: int, final: bool = False) -> str:
+        if end <= self.emitted:
+            return ""
+        chunk = self.buf[self.emitted:end]
+        if not final:
+            # do not cut inside a UTF-8 sequence: drop an incomplete tail
+            cut = len(chunk)
+            for back in range(1, min(4, len(chunk)) + 1):
+                b = chunk[-back]
+                if b & 0xC0 == 0x80:
+                    continue  # continuation byte: look further back for the lead
+                need = 1 if b < 0x80 else 2 if b >> 5 == 6 else 3 if b >> 4 == 14 else 4 if b >> 3 == 30 else 1
+                if need > back:
+                    cut = len(chunk) - back
+                break
+            chunk = chunk[:cut]
+        self.emitted += len(chunk)
+        return chunk.decode("utf-8", errors="replace")
+
+
+class Engine:
+    """A model, its tokenizer and chat template, and a scheduled C engine.
+
+    model: alias ("smollm2") or path to a GGUF file.
+    n_threads: compute threads (0 = all cores).  n_ctx: KV positions per slot.
+    n_slots: concurrent sequences.  simd: "auto" | "avx512" | "avx2" | "scalar".
+    """
+
+    def __init__(self, model: str = "smollm2", *, n_threads: int = 0, n_ctx: int = 2048, n_slots: int = 1,
+                 n_batch: int = 0, n_chunk: int = 0, simd: str = "auto", prefix_reuse: bool = True,
+                 max_queue: int = 256):
+        self.model_path = models.resolve(model)
+        self.model_name = str(model)
+        self.model = _engine.Model(str(self.model_path))
+        self.info = self.model.info
+        meta = self.model.metadata()
+        self.metadata = {k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")}
+        self.tokenizer = Tokenizer.from_metadata(meta)
+        self.chat_template = chat_mod.template_from_metadata(meta)
+        self.core = _engine.Engine(self.model, n_slots=n_slots, n_ctx=min(n_ctx, max(2, self.info["n_ctx_train"])),
+                                   n_threads=n_threads, n_batch=n_batch, n_chunk=n_chunk, simd=simd,
+                                   prefix_reuse=prefix_reuse)
+        self.params = self.core.params
+        self.scheduler = Scheduler(self.core, max_queue=max_queue)
+
+    # ------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.close()
+            self.scheduler = None
+        if getattr(self, "core", None) is not None:
+            self.core.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        p = self.params
+        return (f"Engine({self.model_name!r}, arch={self.info['arch']}, n_threads={p['n_threads']}, "
+                f"n_ctx={p['n_ctx']}, n_slots={p['n_slots']}, simd={p['simd']})")
+
+    # ----------------------------------------------------------------- text
+    def tokenize(self, text: str, add_special: bool | None = None, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.model.detokenize_bytes(tokens).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tools=None, **extra) -> str:
+        if not self.chat_template:
+            raise InvalidRequestError("this model has no chat template (tokenizer.chat_template)")
+        tk = self.tokenizer
+        bos = tk.id_to_token(tk.bos_id) if tk.bos_id is not None else ""
+        eos = tk.id_to_token(tk.eos_id) if tk.eos_id is not None else ""
+        return chat_mod.render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=bos, eos_token=eos, tools=tools, **extra)
+
+    @staticmethod
+    def conversation_key(messages) -> str:
+        """A key derived from a conversation's leading messages (system + first user turn),
+        stable across turns, so later turns are pinned to the same KV slot."""
+        lead = [m for m in messages[:2]]
+        return hashlib.sha1(repr([(m.get("role"), m.get("content")) for m in lead]).encode()).hexdigest()[:16]
+
+    # ------------------------------------------------------------ generation
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise InvalidRequestError("prompt is empty")
+        return ids
+
+    def submit(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
+               conversation: str | None = None, **kw) -> tuple[list[int], RequestHandle, list[bytes]]:
+        """Queue a request; returns (prompt ids, handle, stop strings as bytes)."""
+        unknown = set(kw) - _SAMPLING_KEYS
+        if unknown:
+            raise InvalidRequestError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
+        ids = self._prompt_ids(prompt)
+        n_ctx = self.params["n_ctx"]
+        if max_tokens is None:
+            max_tokens = max(0, n_ctx - len(ids))
+        if isinstance(stop, (str, bytes)):
+            stop = [stop]
+        stops = [s.encode() if isinstance(s, str) else bytes(s) for s in (stop or [])]
+        if any(not s for s in stops):
+            raise InvalidRequestError("stop strings must not be empty")
+        handle = self.scheduler.submit(ids, conversation=conversation, max_tokens=max_tokens, stop=stops,
+                                       n_logprobs=logprobs, **kw)
+        return ids, handle, stops
+
+    def generate(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
+                 conversation: str | None = None, **kw) -> Completion:
+        """Generate a completion for a prompt (text or token ids).
+
+        Sampling: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
+        presence_penalty, frequency_penalty, logit_bias {id: bias}, seed.
+        stop: a string or list of strings (up to 8).  logprobs: top-n per token."""
+        ids, handle, stops = self.submit(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                                         conversation=conversation, **kw)
+        res = handle.result()
+        return self._completion(ids, res)
+
+    def _completion(self, ids, res) -> Completion:
+        m = res["metrics"]
+        data = self.model.detokenize_bytes(res["tokens"])
+        if m["stop_offset"] >= 0:
+            data = data[:m["stop_offset"]]
+        return Completion(text=data.decode("utf-8", errors="replace"), tokens=res["tokens"],
+                          finish_reason=m["finish_reason"], metrics=m, prompt_tokens=ids,
+                          logprobs=res["logprobs"])
+
+    def stream(self, prompt, *, max_tokens: int | None = 256, stop=None, conversation: str | None = None,
+               **kw) -> Iterator[str]:
+        """Yield text pieces as tokens arrive; pieces never split a UTF-8 character.
+        The generator's `.metrics` is not available; use `stream_events` for metrics."""
+        for ev in self.stream_events(prompt, max_tokens=max_tokens, stop=stop, conversation=conversation, **kw):
+            if ev["text"]:
+                yield ev["text"]
+
+    def stream_events(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
+                      conversation: str | None = None, **kw) -> Iterator[dict]:
+        """Yield {"text", "token", "logprob", "top"} per token, then a final
+        {"text", "done": True, "finish_reason", "metrics"}.  Closing the
+        generator early cancels the request."""
+        ids, handle, stops = self.submit(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                                         conversation=conversation, **kw)
+        dec = _Utf8Stream(stops)
+        finished = False
+        try:
+            for ev in handle:
+                if ev["type"] == "token":
+                    text = dec.feed(self.model.token_bytes(ev["token"]))
+                    yield {"text": text, "token": ev["token"], "logprob": ev["logprob"], "top": ev.get("top", [])}
+                elif ev["type"] == "done":
+                    finished = True
+                    m = ev["metrics"]
+                    yield {"text": dec.finish(m["stop_offset"]), "done": True,
+                           "finish_reason": m["finish_reason"], "metrics": m, "prompt_tokens": len(ids)}
+                else:
+                    finished = True
+                    raise handle.error
+        finally:
+            if not finished:
+                handle.cancel()
+
+    def chat(self, messages, *, tools=None, add_generation_prompt: bool = True, conversation: str | None = None,
+             **kw) -> Completion:
+        """Render the model's chat template and generate the assistant's reply."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        if conversation is None:
+            conversation = self.conversation_key(messages)
+        return self.generate(self.tokenize(prompt, add_special=False),
+                             conversation=conversation, **kw)
+
+    def chat_stream(self, messages, *, tools=None, conversation: str | None = None, **kw) -> Iterator[str]:
+        prompt = self.apply_chat_template(messages, tools=tools)
+        if conversation is None:
+            conversation = self.conversation_key(messages)
+        return self.stream(self.tokenize(prompt, add_special=False), conversation=conversation, **kw)

@@ -1,0 +1,231 @@
+"""One thread owns the engine; callers from any thread submit requests.
+
+The owner thread loops: hand newly submitted requests to the C engine (FIFO),
+run one `step()` with the GIL released, and route the events to each
+request's handle.  A request is a `RequestHandle`: iterate it for events, or
+call `result()` for the whole completion.  Admission is FIFO; a conversation
+key pins a conversation to the slot it used last, so the next turn reuses its
+KV prefix.  The waiting queue is bounded: past `max_queue` requests, submit
+raises QueueFullError at once instead of letting latency grow without limit.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from colibri_lab.errors import (
+    ColibriError,
+    ContextLengthExceededError,
+    EngineError,
+    QueueFullError,
+)
+
+_CONTEXT_STATUS = -7  # CB_ERR_CONTEXT
+
+
+@dataclass
+class _Pending:
+    tokens: list
+    params: dict
+    handle: "RequestHandle"
+    conversation: str | None
+    t_submit: float = field(default_factory=time.perf_counter)
+
+
+class RequestHandle:
+    """A submitted request: an iterator over its events, and its final result."""
+
+    def __init__(self, scheduler: "Scheduler"):
+        self._scheduler = scheduler
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Event()
+        self.id: int | None = None  # engine request id once submitted to C
+        self.tokens: list[int] = []
+        self.logprobs: list[dict] = []
+        self.metrics: dict | None = None
+        self.error: Exception | None = None
+        self.cancelled = False
+
+    def __iter__(self):
+        """Yield event dicts ({"type": "token"|"done"|"error", ...}) until the request ends."""
+        while True:
+            ev = self._events.get()
+            yield ev
+            if ev["type"] in ("done", "error"):
+                return
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this request; it ends with finish_reason 'cancelled'."""
+        self.cancelled = True
+        self._scheduler._cancel(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> dict:
+        """Block until done; returns {"tokens", "logprobs", "metrics"} or raises the request's error."""
+        if not self._done.wait(timeout):
+            raise TimeoutError("request did not finish in time")
+        if self.error is not None:
+            raise self.error
+        return {"tokens": list(self.tokens), "logprobs": list(self.logprobs), "metrics": dict(self.metrics)}
+
+    # called on the owner thread
+    def _deliver(self, ev: dict) -> None:
+        if ev["type"] == "token":
+            self.tokens.append(ev["token"])
+            self.logprobs.append({"token": ev["token"], "logprob": ev["logprob"], "top": ev.get("top", [])})
+        elif ev["type"] == "done":
+            self.metrics = ev["metrics"]
+        elif ev["type"] == "error":
+            msg = ev["message"]
+            cls = ContextLengthExceededError if ev.get("status") == _CONTEXT_STATUS else EngineError
+            self.error = cls(msg)
+        self._events.put(ev)
+        if ev["type"] in ("done", "error"):
+            self._done.set()
+
+
+class Scheduler:
+    """Drives a `colibri_lab._engine.Engine` from a dedicated thread.
+
+    step_log keeps the per-step profile of the last `step_log_size` steps
+    (DESIGN.md step metrics) for experiments and the server's /profile."""
+
+    def __init__(self, core, max_queue: int = 256, step_log_size: int = 4096):
+        self._core = core
+        self._n_slots = core.params["n_slots"]
+        self._max_queue = max_queue
+        self._incoming: collections.deque[_Pending] = collections.deque()
+        self._active: dict[int, tuple[RequestHandle, float, str | None, float]] = {}
+        self._to_cancel: list[RequestHandle] = []
+        self._conversation_slot: dict[str, int] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self.step_log: collections.deque[dict] = collections.deque(maxlen=step_log_size)
+        self.finished: collections.deque[dict] = collections.deque(maxlen=step_log_size)
+        self._thread = threading.Thread(target=self._loop, name="colibri-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- API
+    def submit(self, tokens, conversation: str | None = None, **params) -> RequestHandle:
+        """Queue a request (engine.submit keyword parameters).  Raises QueueFullError when full."""
+        handle = RequestHandle(self)
+        with self._cv:
+            if self._closed:
+                raise ColibriError("scheduler is closed")
+            waiting = len(self._incoming) + max(0, self._core_pending_unadmitted())
+            if waiting >= self._max_queue:
+                raise QueueFullError(f"queue full: {waiting} requests waiting (max_queue={self._max_queue}); retry later")
+            self._incoming.append(_Pending(list(tokens), params, handle, conversation))
+            self._cv.notify()
+        return handle
+
+    @property
+    def queue_depth(self) -> int:
+        with self._cv:
+            return len(self._incoming)
+
+    @property
+    def n_active(self) -> int:
+        with self._cv:
+            return len(self._active)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel everything, stop the owner thread."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    # ----------------------------------------------------------- internals
+    def _core_pending_unadmitted(self) -> int:
+        # requests handed to C but not yet holding a slot count as queued too
+        return len(self._active) - self._n_slots
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        with self._cv:
+            self._to_cancel.append(handle)
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        core = self._core
+        while True:
+            with self._cv:
+                while not self._closed and not self._incoming and not self._active and not self._to_cancel:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                incoming = list(self._incoming)
+                self._incoming.clear()
+                cancels, self._to_cancel = self._to_cancel, []
+            for p in incoming:
+                self._submit_to_core(p)
+            for h in cancels:
+                if h.id is not None and h.id in self._active:
+                    core.cancel(h.id)
+                elif h.id is None and not h._done.is_set():
+                    h._deliver({"type": "done", "id": None, "metrics": _cancelled_metrics(len(h.tokens))})
+            if not self._active:
+                continue
+            try:
+                events = core.step()
+            except Exception as exc:  # the engine itself failed: fail every request, keep serving
+                for handle, *_ in list(self._active.values()):
+                    handle._deliver({"type": "error", "id": handle.id, "status": -1, "message": f"engine step failed: {exc}"})
+                self._active.clear()
+                continue
+            stats = core.last_step()
+            stats["t"] = time.time()
+            self.step_log.append(stats)
+            for ev in events:
+                entry = self._active.get(ev["id"])
+                if entry is None:
+                    continue
+                handle, py_queue_ms, conversation, _ = entry
+                if ev["type"] == "done":
+                    ev["metrics"]["queue_ms"] += py_queue_ms
+                    if conversation is not None and ev["metrics"]["slot"] >= 0:
+                        self._conversation_slot[conversation] = ev["metrics"]["slot"]
+                    self.finished.append(dict(ev["metrics"], id=ev["id"]))
+                if ev["type"] in ("done", "error"):
+                    del self._active[ev["id"]]
+                handle._deliver(ev)
+        # closing: fail what is left
+        for handle, *_ in list(self._active.values()):
+            core.cancel(handle.id)
+            handle._deliver({"type": "error", "id": handle.id, "status": -1, "message": "scheduler closed"})
+        with self._cv:
+            left = list(self._incoming)
+            self._incoming.clear()
+        for p in left:
+            p.handle._deliver({"type": "error", "id": None, "status": -1, "message": "scheduler closed"})
+
+    def _submit_to_core(self, p: _Pending) -> None:
+        params = dict(p.params)
+        if p.conversation is not None and params.get("slot", -1) == -1:
+            params["slot"] = self._conversation_slot.get(p.conversation, -1)
+        if p.handle.cancelled:
+            p.handle._deliver({"type": "done", "id": None, "metrics": _cancelled_metrics(0)})
+            return
+        try:
+            rid = self._core.submit(p.tokens, **params)
+        except Exception as exc:
+            p.handle.error = exc
+            p.handle._events.put({"type": "error", "id": None, "status": -5, "message": str(exc)})
+            p.handle._done.set()
+            return
+        p.handle.id = rid
+        py_queue_ms = (time.perf_counter() - p.t_submit) * 1e3
+        self._active[rid] = (p.handle, py_queue_ms, p.conversation, p.t_submit)
+
+
+def _cancelled_metrics(n_tokens: int) -> dict:
+    return dict(prompt_tokens=0, cached_tokens=0, completion_tokens=n_tokens, queue_ms=0.0, ttft_ms=0.0,
+                prefill_ms=0.0, decode_ms=0.0, e2e_ms=0.0, tpot_ms=0.0, decode_tok_s=0.0, draft_n=0,
+                draft_accepted=0, grammar_mask_us=0.0, slot=-1, finish_reason="cancelled", stop_offset=-1)

@@ -1,0 +1,321 @@
+/*
+ * colibri.h — the only header the Python binding sees.
+ *
+ * Two opaque handles with symmetric lifecycles:
+ *
+ *   cb_model   a GGUF file mapped read-only and fully validated; immutable
+ *              after load, so several engines may share one model.
+ *   cb_engine  KV slots, scratch buffers and a thread pool over one model;
+ *              requests are submitted, step() advances all of them by one
+ *              batched forward and reports events.
+ *
+ * Conventions
+ *   - Every fallible call returns a cb_status (0 = CB_OK, negative = error)
+ *     and, where an `err` buffer is given, writes a NUL-terminated message
+ *     naming what was wrong.  Nothing here calls exit() or abort().
+ *   - Ownership: pointers returned by cb_model_* accessors point into the
+ *     model and live as long as it does.  Pointers inside a cb_event live
+ *     until the next cb_engine_step() or cb_engine_free() on that engine.
+ *   - No global mutable state: two engines never share anything but a model.
+ *   - Not thread-safe per handle: one thread drives an engine at a time (the
+ *     Python scheduler owns it).  Different engines may run concurrently.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum {
+    CB_OK               =  0,
+    CB_ERR_IO           = -1,  /* file could not be opened / mapped */
+    CB_ERR_FORMAT       = -2,  /* malformed GGUF, grammar, ... */
+    CB_ERR_UNSUPPORTED  = -3,  /* well-formed but not supported (arch, tensor type) */
+    CB_ERR_NOMEM        = -4,  /* allocation failed */
+    CB_ERR_ARG          = -5,  /* bad argument (out of range, NULL, wrong slot) */
+    CB_ERR_FULL         = -6,  /* no free slot / request table full */
+    CB_ERR_CONTEXT      = -7,  /* request does not fit in the slot's context */
+    CB_ERR_NOT_FOUND    = -8,  /* unknown request id / metadata key */
+    CB_ERR_BUSY         = -9   /* slot in use by a running request */
+} cb_status;
+
+/* Human-readable name of a status code (static string). */
+const char *cb_status_str(int status);
+
+/* ------------------------------------------------------------------- SIMD */
+
+typedef enum {
+    CB_SIMD_AUTO   = -1,  /* best the CPU supports */
+    CB_SIMD_SCALAR =  0,  /* portable C; always available, always tested */
+    CB_SIMD_AVX2   =  1,  /* AVX2 + FMA + F16C */
+    CB_SIMD_AVX512 =  2   /* AVX-512 F/BW/VL + VNNI */
+} cb_simd;
+
+/* Best SIMD level this CPU supports (never CB_SIMD_AUTO). */
+int cb_simd_detect(void);
+/* Static name: "scalar", "avx2", "avx512". */
+const char *cb_simd_name(int simd);
+
+/* ------------------------------------------------------------------ model */
+
+typedef struct cb_model cb_model;
+
+typedef struct {
+    int validate_only;  /* 1: parse and validate, do not build the architecture view */
+} cb_model_params;
+
+cb_model_params cb_model_default_params(void);
+
+/* Map and validate `path`.  On success *out owns the mapping; free it with
+ * cb_model_free().  On failure *out is NULL and err says what is wrong. */
+int  cb_model_load(const char *path, const cb_model_params *params,
+                   cb_model **out, char *err, size_t err_len);
+void cb_model_free(cb_model *model);  /* NULL is fine */
+
+/* Hyperparameters (read from metadata at load). */
+typedef struct {
+    char     arch[32];       /* "llama", ... */
+    int      n_vocab;        /* tokens in the vocabulary */
+    int      n_ctx_train;    /* context length the model was trained with */
+    int      n_embd;         /* hidden size */
+    int      n_ff;           /* feed-forward size */
+    int      n_layer;        /* transformer blocks */
+    int      n_head;         /* query heads */
+    int      n_head_kv;      /* key/value heads (GQA groups = n_head / n_head_kv) */
+    int      head_dim;       /* n_embd / n_head unless given by metadata */
+    int      n_rot;          /* rotary dims per head */
+    int      rope_neox;      /* 1: NeoX (half-split) ordering, 0: interleaved pairs */
+    float    rope_freq_base;
+    float    rope_freq_scale;/* 1 / linear scaling factor */
+    float    norm_eps;       /* RMSNorm epsilon */
+    int      tied_output;    /* 1: LM head is token_embd */
+    int      bos_id, eos_id; /* -1 if absent */
+    int      add_bos;        /* tokenizer.ggml.add_bos_token */
+    uint64_t n_params;       /* weights' element count */
+    uint64_t weight_bytes;   /* bytes of tensor data */
+    int      file_type;      /* general.file_type or -1 */
+} cb_model_info;
+
+void cb_model_get_info(const cb_model *model, cb_model_info *info);
+
+/* Metadata access, for the tokenizer and chat template on the Python side.
+ * Value types follow GGUF: 0 u8 1 i8 2 u16 3 i16 4 u32 5 i32 6 f32 7 bool
+ * 8 string 9 array 10 u64 11 i64 12 f64. */
+int         cb_model_meta_count(const cb_model *model);
+const char *cb_model_meta_key(const cb_model *model, int i, size_t *len);
+int         cb_model_meta_type(const cb_model *model, int i);
+/* Array element type and length (type 9 only; else -1 / 0). */
+int         cb_model_meta_arr_type(const cb_model *model, int i);
+uint64_t    cb_model_meta_arr_len(const cb_model *model, int i);
+/* Scalar values: integers and bools as int64, floats as double. */
+int         cb_model_meta_int(const cb_model *model, int i, int64_t *out);
+int         cb_model_meta_float(const cb_model *model, int i, double *out);
+/* String value (type 8) or j-th element of a string array. Not NUL-terminated. */
+const char *cb_model_meta_str(const cb_model *model, int i, size_t *len);
+const char *cb_model_meta_arr_str(const cb_model *model, int i, uint64_t j, size_t *len);
+/* j-th element of a numeric array as int64 / double. */
+int         cb_model_meta_arr_int(const cb_model *model, int i, uint64_t j, int64_t *out);
+int         cb_model_meta_arr_float(const cb_model *model, int i, uint64_t j, double *out);
+/* Index of `key` or -1. */
+int         cb_model_meta_find(const cb_model *model, const char *key);
+
+/* Tensor listing (name, GGML type, dims). */
+int         cb_model_tensor_count(const cb_model *model);
+const char *cb_model_tensor_name(const cb_model *model, int i, size_t *len); /* not NUL-terminated */
+int         cb_model_tensor_type(const cb_model *model, int i);
+int         cb_model_tensor_dims(const cb_model *model, int i, int64_t ne[4]);
+
+/* Token -> raw bytes (byte-level BPE decoded; control tokens give their text).
+ * Returns NULL for an out-of-range id. */
+const uint8_t *cb_model_token_bytes(const cb_model *model, int token, size_t *len);
+/* GGUF token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte. */
+int  cb_model_token_type(const cb_model *model, int token);
+/* 1 if the token ends generation (eos, eot, <|im_end|>, ...). */
+int  cb_model_token_is_eog(const cb_model *model, int token);
+
+/* ----------------------------------------------------------------- engine */
+
+typedef struct cb_engine cb_engine;
+
+typedef struct {
+    int n_slots;    /* independent sequences (KV slots)                        [1..256] */
+    int n_ctx;      /* tokens of KV per slot; 0 = min(n_ctx_train, 4096)               */
+    int n_threads;  /* worker threads including the caller; 0 = all online cores        */
+    int n_batch;    /* max token rows in one step (decode + prefill chunks); 0 = 512    */
+    int n_chunk;    /* max prefill tokens one request adds to one step; 0 = n_batch     */
+    int simd;       /* cb_simd; CB_SIMD_AUTO picks the best the CPU has                 */
+    int prefix_reuse; /* 1: reuse a slot's KV for a common prompt prefix (default 1)    */
+} cb_engine_params;
+
+cb_engine_params cb_engine_default_params(void);
+
+int  cb_engine_new(const cb_model *model, const cb_engine_params *params,
+                   cb_engine **out, char *err, size_t err_len);
+void cb_engine_free(cb_engine *engine);  /* NULL is fine */
+
+/* Effective parameters after defaults were resolved. */
+void cb_engine_get_params(const cb_engine *engine, cb_engine_params *params);
+
+/* --- sampling --- */
+
+#define CB_MAX_LOGPROBS 20
+#define CB_MAX_STOP     8
+
+typedef struct {
+    float    temperature;       /* 0 = greedy (argmax)                                  */
+    int      top_k;             /* 0 = off                                              */
+    float    top_p;             /* 1 = off                                              */
+    float    min_p;             /* 0 = off                                              */
+    float    repeat_penalty;    /* 1 = off; divides positive / multiplies negative logits */
+    int      repeat_last_n;     /* window for the penalties; -1 = whole context          */
+    float    presence_penalty;  /* 0 = off; subtracted once per token seen              */
+    float    frequency_penalty; /* 0 = off; subtracted per occurrence                   */
+    uint64_t seed;              /* RNG seed; same seed + same inputs = same output       */
+    int      n_logprobs;        /* top alternatives reported per token [0..CB_MAX_LOGPROBS] */
+    int      n_logit_bias;      /* entries in the two arrays below                       */
+    const int32_t *logit_bias_tokens; /* copied at submit                                */
+    const float   *logit_bias_values; /* added to the logit; -INFINITY bans a token      */
+} cb_sampling_params;
+
+cb_sampling_params cb_sampling_default_params(void);
+
+typedef struct {
+    const int32_t *tokens;       /* prompt token ids (copied at submit)                  */
+    int      n_tokens;           /* >= 1                                                 */
+    int      slot;               /* slot index, or -1 for "any free slot" (best prefix)   */
+    int      max_tokens;         /* completion tokens to generate; 0 = prefill only      */
+    int      ignore_eos;         /* 1: end-of-generation tokens do not stop              */
+    int      n_stop;             /* stop strings (bytes), matched in C on the output     */
+    const char *stop[CB_MAX_STOP];
+    size_t   stop_len[CB_MAX_STOP];
+    int      return_logits;      /* 1: token events carry the full logits row           */
+    int      copy_prefix;        /* 1: may copy a longer matching prefix from another slot */
+    cb_sampling_params sampling;
+} cb_request_params;
+
+cb_request_params cb_request_default_params(void);
+
+typedef enum {
+    CB_FINISH_NONE = 0,
+    CB_FINISH_STOP,        /* end-of-generation token or stop string */
+    CB_FINISH_LENGTH,      /* max_tokens reached */
+    CB_FINISH_CANCELLED,   /* cb_engine_cancel() */
+    CB_FINISH_CONTEXT,     /* slot context full */
+    CB_FINISH_ERROR
+} cb_finish;
+
+const char *cb_finish_str(int finish);  /* "stop", "length", ... */
+
+/* Per-request metrics, DESIGN.md names (Python adds its own queue wait to queue_ms). */
+typedef struct {
+    int    prompt_tokens;
+    int    cached_tokens;        /* prompt tokens served from KV prefix reuse */
+    int    completion_tokens;
+    double queue_ms;             /* submit -> admitted to a slot              */
+    double ttft_ms;              /* submit -> first token event               */
+    double prefill_ms;           /* submit -> end of prefill                  */
+    double decode_ms;            /* first token -> done                       */
+    double e2e_ms;               /* submit -> done                            */
+    double tpot_ms;              /* decode_ms / (completion_tokens - 1)       */
+    double decode_tok_s;
+    int    draft_n;
+    int    draft_accepted;
+    double grammar_mask_us;
+    int    slot;
+    int    finish_reason;        /* cb_finish */
+    int    stop_offset;          /* STOP by string: byte offset in the output where the stop string starts; else -1 */
+} cb_request_metrics;
+
+typedef enum {
+    CB_EVENT_TOKEN = 1,   /* one generated token */
+    CB_EVENT_DONE  = 2,   /* request finished; metrics valid */
+    CB_EVENT_ERROR = 3    /* request refused or failed; status + message valid */
+} cb_event_type;
+
+typedef struct {
+    int      type;          /* cb_event_type */
+    int64_t  id;            /* request id from cb_engine_submit */
+    /* TOKEN */
+    int32_t  token;
+    float    logprob;       /* log-softmax of the chosen token (after penalties, before temperature) */
+    int      n_top;
+    int32_t  top_tokens[CB_MAX_LOGPROBS];
+    float    top_logprobs[CB_MAX_LOGPROBS];
+    const float *logits;    /* n_vocab raw logits if return_logits, else NULL; valid until next step */
+    /* DONE */
+    cb_request_metrics metrics;
+    /* ERROR */
+    int      status;
+    char     message[160];
+} cb_event;
+
+/* Queue a request.  Returns CB_OK and the request id, or an error without
+ * side effects (bad params).  A request that cannot fit its slot's context is
+ * accepted and then refused by an ERROR event at the next step, so that the
+ * caller sees every outcome through events. */
+int cb_engine_submit(cb_engine *engine, const cb_request_params *req,
+                     int64_t *id_out, char *err, size_t err_len);
+
+/* Cancel a queued or running request: it finishes with CB_FINISH_CANCELLED at
+ * the next step and its slot becomes free.  CB_ERR_NOT_FOUND if unknown. */
+int cb_engine_cancel(cb_engine *engine, int64_t id);
+
+/* Run one scheduling step: admit waiting requests to slots, then one batched
+ * forward over every running request's decode row plus prefill chunks, then
+ * sample.  Writes up to max_events events; returns how many were written, or a
+ * negative cb_status.  Events that do not fit stay queued for the next call
+ * (call again with max_events > 0; a step with nothing to compute only drains). */
+int cb_engine_step(cb_engine *engine, cb_event *events, int max_events);
+
+/* Requests not yet finished (queued + running). */
+int cb_engine_pending(const cb_engine *engine);
+
+/* Per-step profile of the last step. */
+typedef struct {
+    int64_t step;
+    int     rows_decode;     /* decode rows (one per running request) */
+    int     rows_prefill;    /* prompt rows computed */
+    int     n_running;
+    double  step_ms;
+    double  matmul_ms, attention_ms, lm_head_ms, sampling_ms, grammar_ms, draft_ms, other_ms;
+} cb_step_stats;
+
+void cb_engine_last_step(const cb_engine *engine, cb_step_stats *stats);
+
+/* Slot state: tokens held in KV and whether a request is using it. */
+int cb_engine_slot_info(const cb_engine *engine, int slot, int *n_past, int *busy);
+/* Copy of the slot's token history (up to cap); returns the count. */
+int cb_engine_slot_tokens(const cb_engine *engine, int slot, int32_t *out, int cap);
+/* Forget a slot's KV (it must not be busy). */
+int cb_engine_slot_clear(cb_engine *engine, int slot);
+
+/* Direct forward for tests and tools: run `tokens` on an idle slot at
+ * positions [pos, pos+n) and write logits for every row to
+ * logits_out[n * n_vocab].  Positions < pos keep their KV; the slot's
+ * history is truncated to pos and extended by tokens. */
+int cb_engine_forward(cb_engine *engine, int slot, const int32_t *tokens, int n,
+                      int pos, float *logits_out, char *err, size_t err_len);
+
+/* ---------------------------------------------------------------- kernels */
+
+/* Test hook: y[r][o] = sum_i w[o][i] * x[r][i] with w given as raw GGUF
+ * blocks of `type` (row-major, n_out rows of n_in), through the same kernel
+ * the engine uses at SIMD level `simd`.  CB_ERR_UNSUPPORTED if the CPU lacks it. */
+int cb_kernel_matmul(int type, const void *w, int n_out, int n_in,
+                     const float *x, int n_rows, float *y, int simd, int n_threads);
+
+/* Byte size of n elements of GGML type `type` (n a multiple of the block), or 0 if unknown. */
+size_t cb_type_size(int type, int64_t n);
+const char *cb_type_name(int type);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLIBRI_H */

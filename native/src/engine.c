@@ -1,0 +1,664 @@
+/*
+ * engine.c — KV slots, requests and the step loop (continuous batching).
+ *
+ * A request goes QUEUED -> PREFILL -> DECODE -> (freed).  Each cb_engine_step:
+ *   1. finishes cancelled requests and frees their slots;
+ *   2. admits queued requests in FIFO order to a slot (its pinned slot, or the
+ *      free slot whose KV shares the longest prefix with the prompt, least
+ *      recently used on ties), reusing that prefix and optionally copying a
+ *      longer one from another slot;
+ *   3. builds ONE batch: a decode row for every running request, then prefill
+ *      chunks (at most n_chunk rows per request) while the batch has room;
+ *   4. runs the forward and samples every row that ends a prompt or decodes.
+ */
+#include "forward.h"
+#include "sampler.h"
+#include "stopstr.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CB_MAX_REQUESTS 1024
+
+typedef enum { RQ_FREE = 0, RQ_QUEUED, RQ_PREFILL, RQ_DECODE } rq_state;
+
+typedef struct {
+    rq_state state;
+    int64_t  id;
+    int64_t  seq;            /* submission order: FIFO admission */
+    int      slot;           /* pinned slot (-1 any) while queued; assigned slot after */
+    int32_t *prompt;         /* [n_prompt] owned */
+    int      n_prompt;
+    int      n_prompt_done;  /* prompt tokens whose KV is in the slot */
+    int      cached;         /* of those, reused from an earlier request */
+    int      max_tokens;
+    int      n_gen;          /* completion tokens emitted */
+    int      ignore_eos, return_logits, copy_prefix;
+    int      cancelled;
+    cb_sampling_params sp;   /* logit bias arrays point into bias_tok / bias_val */
+    int32_t *bias_tok;       /* owned */
+    float   *bias_val;       /* owned */
+    cb_rng   rng;
+    cb_stopstr stop;
+    int32_t  pending;        /* sampled token not yet fed through the model */
+    double   t_submit, t_admit, t_prefill_done, t_first;
+} cb_request;
+
+typedef struct {
+    int32_t *tokens;   /* [n_ctx] token at each position with KV */
+    int      n_past;   /* positions [0, n_past) hold valid KV */
+    int      req;      /* index into requests, -1 when free */
+    uint64_t last_used;/* LRU clock value of the last release */
+} cb_slot;
+
+struct cb_engine {
+    const cb_model   *model;
+    cb_engine_params  params;
+    cb_pool          *pool;
+    cb_ctx            ctx;
+    cb_slot          *slots;       /* [n_slots] */
+    cb_request       *reqs;        /* [CB_MAX_REQUESTS] */
+    int              *order;       /* [CB_MAX_REQUESTS] request indices, admission order */
+    int               n_order;
+    int64_t           next_id, next_seq;
+    uint64_t          lru_clock;
+    cb_sampler_scratch sampler;
+    /* batch under construction, [n_batch] each */
+    int32_t *b_tokens, *b_pos, *b_slot, *b_logit;
+    int     *logit_req;            /* [n_logits] request index per logits row */
+    /* pending events (FIFO) */
+    cb_event *events;              /* [ev_cap] */
+    int       ev_head, ev_count, ev_cap;
+    cb_step_stats last;
+    int64_t   n_steps;
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...) {
+    if (!err || !err_len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+const char *cb_status_str(int s) {
+    switch (s) {
+    case CB_OK: return "ok";
+    case CB_ERR_IO: return "io error";
+    case CB_ERR_FORMAT: return "format error";
+    case CB_ERR_UNSUPPORTED: return "unsupported";
+    case CB_ERR_NOMEM: return "out of memory";
+    case CB_ERR_ARG: return "invalid argument";
+    case CB_ERR_FULL: return "full";
+    case CB_ERR_CONTEXT: return "context length exceeded";
+    case CB_ERR_NOT_FOUND: return "not found";
+    case CB_ERR_BUSY: return "busy";
+    default: return "unknown error";
+    }
+}
+
+const char *cb_finish_str(int f) {
+    switch (f) {
+    case CB_FINISH_STOP: return "stop";
+    case CB_FINISH_LENGTH: return "length";
+    case CB_FINISH_CANCELLED: return "cancelled";
+    case CB_FINISH_CONTEXT: return "context";
+    case CB_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+/* ------------------------------------------------------------- defaults */
+
+cb_engine_params cb_engine_default_params(void) {
+    cb_engine_params p = { 0 };
+    p.n_slots = 1;
+    p.simd = CB_SIMD_AUTO;
+    p.prefix_reuse = 1;
+    return p;
+}
+
+cb_sampling_params cb_sampling_default_params(void) {
+    cb_sampling_params p = { 0 };
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    return p;
+}
+
+cb_request_params cb_request_default_params(void) {
+    cb_request_params r;
+    memset(&r, 0, sizeof r);
+    r.slot = -1;
+    r.max_tokens = 16;
+    r.sampling = cb_sampling_default_params();
+    return r;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engine **out,
+                  char *err, size_t err_len) {
+    if (err && err_len) err[0] = 0;
+    if (!out) return CB_ERR_ARG;
+    *out = NULL;
+    if (!model || model->info.n_layer == 0) { set_err(err, err_len, "no model (or a validate-only model)"); return CB_ERR_ARG; }
+    cb_engine_params p = params ? *params : cb_engine_default_params();
+    const cb_model_info *I = &model->info;
+    if (p.n_slots < 1 || p.n_slots > 256) { set_err(err, err_len, "n_slots must be in [1, 256], got %d", p.n_slots); return CB_ERR_ARG; }
+    if (p.n_ctx == 0) p.n_ctx = I->n_ctx_train < 4096 ? I->n_ctx_train : 4096;
+    if (p.n_ctx < 2 || p.n_ctx > (1 << 20)) { set_err(err, err_len, "n_ctx must be in [2, 1048576], got %d", p.n_ctx); return CB_ERR_ARG; }
+    if (p.n_threads == 0) { long n = sysconf(_SC_NPROCESSORS_ONLN); p.n_threads = n > 0 ? (int)n : 1; }
+    if (p.n_threads < 1 || p.n_threads > 512) { set_err(err, err_len, "n_threads must be in [1, 512], got %d", p.n_threads); return CB_ERR_ARG; }
+    if (p.n_batch == 0) p.n_batch = 512;
+    if (p.n_batch < p.n_slots || p.n_batch > 65536) { set_err(err, err_len, "n_batch must be in [n_slots, 65536], got %d", p.n_batch); return CB_ERR_ARG; }
+    if (p.n_chunk == 0 || p.n_chunk > p.n_batch) p.n_chunk = p.n_batch;
+    if (p.n_chunk < 1) { set_err(err, err_len, "n_chunk must be >= 1, got %d", p.n_chunk); return CB_ERR_ARG; }
+    if (p.simd == CB_SIMD_AUTO) p.simd = cb_simd_detect();
+    const cb_kernels *k = cb_kernels_get(p.simd);
+    if (!k) { set_err(err, err_len, "SIMD level %d (%s) is not available on this CPU", p.simd, cb_simd_name(p.simd)); return CB_ERR_UNSUPPORTED; }
+
+    cb_engine *e = calloc(1, sizeof *e);
+    if (!e) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
+    e->model = model;
+    e->params = p;
+    int n_logits = p.n_slots * 4 > 32 ? p.n_slots * 4 : 32;
+    if (n_logits > p.n_batch) n_logits = p.n_batch;
+    int rc;
+    e->pool = cb_pool_new(p.n_threads);
+    if (!e->pool) { set_err(err, err_len, "could not start %d threads", p.n_threads); rc = CB_ERR_NOMEM; goto fail; }
+    if ((rc = cb_ctx_init(&e->ctx, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, n_logits, err, err_len))) goto fail;
+    e->slots = calloc((size_t)p.n_slots, sizeof(cb_slot));
+    e->reqs = calloc(CB_MAX_REQUESTS, sizeof(cb_request));
+    e->order = calloc(CB_MAX_REQUESTS, sizeof(int));
+    e->b_tokens = calloc((size_t)p.n_batch, sizeof(int32_t));
+    e->b_pos = calloc((size_t)p.n_batch, sizeof(int32_t));
+    e->b_slot = calloc((size_t)p.n_batch, sizeof(int32_t));
+    e->b_logit = calloc((size_t)p.n_batch, sizeof(int32_t));
+    e->logit_req = calloc((size_t)n_logits, sizeof(int));
+    e->ev_cap = 2 * CB_MAX_REQUESTS + 16;
+    e->events = calloc((size_t)e->ev_cap, sizeof(cb_event));
+    if (!e->slots || !e->reqs || !e->order || !e->b_tokens || !e->b_pos || !e->b_slot || !e->b_logit ||
+        !e->logit_req || !e->events) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+    for (int s = 0; s < p.n_slots; s++) {
+        e->slots[s].req = -1;
+        e->slots[s].tokens = calloc((size_t)p.n_ctx, sizeof(int32_t));
+        if (!e->slots[s].tokens) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+    }
+    if ((rc = cb_sampler_scratch_init(&e->sampler, I->n_vocab))) { set_err(err, err_len, "out of memory"); goto fail; }
+    e->next_id = 1;
+    *out = e;
+    return CB_OK;
+fail:
+    cb_engine_free(e);
+    return rc;
+}
+
+static void req_release(cb_request *r) {
+    free(r->prompt);
+    free(r->bias_tok);
+    free(r->bias_val);
+    cb_stopstr_free(&r->stop);
+    memset(r, 0, sizeof *r);
+}
+
+void cb_engine_free(cb_engine *e) {
+    if (!e) return;
+    if (e->reqs)
+        for (int i = 0; i < CB_MAX_REQUESTS; i++)
+            if (e->reqs[i].state != RQ_FREE) req_release(&e->reqs[i]);
+    if (e->slots)
+        for (int s = 0; s < e->params.n_slots; s++) free(e->slots[s].tokens);
+    cb_sampler_scratch_free(&e->sampler);
+    cb_ctx_free(&e->ctx);
+    cb_pool_free(e->pool);
+    free(e->slots); free(e->reqs); free(e->order); free(e->b_tokens); free(e->b_pos);
+    free(e->b_slot); free(e->b_logit); free(e->logit_req); free(e->events);
+    free(e);
+}
+
+void cb_engine_get_params(const cb_engine *e, cb_engine_params *p) { *p = e->params; }
+
+/* ------------------------------------------------------------- requests */
+
+static int validate_sampling(const cb_sampling_params *s, int n_vocab, char *err, size_t err_len) {
+    if (!(s->temperature >= 0 && s->temperature <= 1e4)) { set_err(err, err_len, "temperature must be in [0, 10000], got %g", s->temperature); return CB_ERR_ARG; }
+    if (s->top_k < 0) { set_err(err, err_len, "top_k must be >= 0, got %d", s->top_k); return CB_ERR_ARG; }
+    if (!(s->top_p > 0 && s->top_p <= 1)) { set_err(err, err_len, "top_p must be in (0, 1], got %g", s->top_p); return CB_ERR_ARG; }
+    if (!(s->min_p >= 0 && s->min_p <= 1)) { set_err(err, err_len, "min_p must be in [0, 1], got %g", s->min_p); return CB_ERR_ARG; }
+    if (!(s->repeat_penalty > 0 && s->repeat_penalty <= 100)) { set_err(err, err_len, "repeat_penalty must be in (0, 100], got %g", s->repeat_penalty); return CB_ERR_ARG; }
+    if (s->repeat_last_n < -1) { set_err(err, err_len, "repeat_last_n must be >= -1, got %d", s->repeat_last_n); return CB_ERR_ARG; }
+    if (!(fabsf(s->presence_penalty) <= 100)) { set_err(err, err_len, "presence_penalty must be in [-100, 100], got %g", s->presence_penalty); return CB_ERR_ARG; }
+    if (!(fabsf(s->frequency_penalty) <= 100)) { set_err(err, err_len, "frequency_penalty must be in [-100, 100], got %g", s->frequency_penalty); return CB_ERR_ARG; }
+    if (s->n_logprobs < 0 || s->n_logprobs > CB_MAX_LOGPROBS) { set_err(err, err_len, "n_logprobs must be in [0, %d], got %d", CB_MAX_LOGPROBS, s->n_logprobs); return CB_ERR_ARG; }
+    if (s->n_logit_bias < 0 || s->n_logit_bias > n_vocab) { set_err(err, err_len, "n_logit_bias must be in [0, n_vocab], got %d", s->n_logit_bias); return CB_ERR_ARG; }
+    if (s->n_logit_bias > 0 && (!s->logit_bias_tokens || !s->logit_bias_values)) { set_err(err, err_len, "logit bias arrays are NULL"); return CB_ERR_ARG; }
+    for (int i = 0; i < s->n_logit_bias; i++) {
+        if (s->logit_bias_tokens[i] < 0 || s->logit_bias_tokens[i] >= n_vocab) { set_err(err, err_len, "logit_bias token %d is out of range [0, %d)", s->logit_bias_tokens[i], n_vocab); return CB_ERR_ARG; }
+        float v = s->logit_bias_values[i];
+        if (isnan(v) || v == INFINITY) { set_err(err, err_len, "logit_bias value for token %d must be finite or -inf", s->logit_bias_tokens[i]); return CB_ERR_ARG; }
+    }
+    return CB_OK;
+}
+
+int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, char *err, size_t err_len) {
+    if (err && err_len) err[0] = 0;
+    if (!e || !q || !id_out) return CB_ERR_ARG;
+    int n_vocab = e->model->info.n_vocab;
+    if (q->n_tokens < 1 || !q->tokens) { set_err(err, err_len, "a request needs at least one prompt token"); return CB_ERR_ARG; }
+    for (int i = 0; i < q->n_tokens; i++)
+        if (q->tokens[i] < 0 || q->tokens[i] >= n_vocab) { set_err(err, err_len, "prompt token %d at index %d is out of range [0, %d)", q->tokens[i], i, n_vocab); return CB_ERR_ARG; }
+    if (q->slot < -1 || q->slot >= e->params.n_slots) { set_err(err, err_len, "slot %d is out of range [-1, %d)", q->slot, e->params.n_slots); return CB_ERR_ARG; }
+    if (q->max_tokens < 0) { set_err(err, err_len, "max_tokens must be >= 0, got %d", q->max_tokens); return CB_ERR_ARG; }
+    if (q->n_stop < 0 || q->n_stop > CB_MAX_STOP) { set_err(err, err_len, "at most %d stop strings, got %d", CB_MAX_STOP, q->n_stop); return CB_ERR_ARG; }
+    int rc = validate_sampling(&q->sampling, n_vocab, err, err_len);
+    if (rc) return rc;
+    int idx = -1;
+    for (int i = 0; i < CB_MAX_REQUESTS; i++) if (e->reqs[i].state == RQ_FREE) { idx = i; break; }
+    if (idx < 0) { set_err(err, err_len, "request table full (%d requests pending)", CB_MAX_REQUESTS); return CB_ERR_FULL; }
+    cb_request *r = &e->reqs[idx];
+    memset(r, 0, sizeof *r);
+    if ((rc = cb_stopstr_init(&r->stop, q->n_stop, q->stop, q->stop_len, err, err_len))) return rc;
+    r->prompt = malloc((size_t)q->n_tokens * sizeof(int32_t));
+    int nb = q->sampling.n_logit_bias;
+    r->bias_tok = malloc((size_t)(nb ? nb : 1) * sizeof(int32_t));
+    r->bias_val = malloc((size_t)(nb ? nb : 1) * sizeof(float));
+    if (!r->prompt || !r->bias_tok || !r->bias_val) { req_release(r); set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
+    memcpy(r->prompt, q->tokens, (size_t)q->n_tokens * sizeof(int32_t));
+    if (nb) {
+        memcpy(r->bias_tok, q->sampling.logit_bias_tokens, (size_t)nb * sizeof(int32_t));
+        memcpy(r->bias_val, q->sampling.logit_bias_values, (size_t)nb * sizeof(float));
+    }
+    r->sp = q->sampling;
+    r->sp.logit_bias_tokens = r->bias_tok;
+    r->sp.logit_bias_values = r->bias_val;
+    cb_rng_seed(&r->rng, q->sampling.seed);
+    r->n_prompt = q->n_tokens;
+    r->slot = q->slot;
+    r->max_tokens = q->max_tokens;
+    r->ignore_eos = q->ignore_eos;
+    r->return_logits = q->return_logits;
+    r->copy_prefix = q->copy_prefix;
+    r->id = e->next_id++;
+    r->seq = e->next_seq++;
+    r->t_submit = now_ms();
+    r->state = RQ_QUEUED;
+    *id_out = r->id;
+    return CB_OK;
+}
+
+static cb_request *find_req(cb_engine *e, int64_t id) {
+    for (int i = 0; i < CB_MAX_REQUESTS; i++)
+        if (e->reqs[i].state != RQ_FREE && e->reqs[i].id == id) return &e->reqs[i];
+    return NULL;
+}
+
+int cb_engine_cancel(cb_engine *e, int64_t id) {
+    cb_request *r = find_req(e, id);
+    if (!r) return CB_ERR_NOT_FOUND;
+    r->cancelled = 1;
+    return CB_OK;
+}
+
+int cb_engine_pending(const cb_engine *e) {
+    int n = 0;
+    for (int i = 0; i < CB_MAX_REQUESTS; i++) n += e->reqs[i].state != RQ_FREE;
+    return n;
+}
+
+/* --------------------------------------------------------------- events */
+
+static cb_event *push_event(cb_engine *e, int type, const cb_request *r) {
+    /* capacity: every live request emits at most a token and a done per step */
+    cb_event *ev = &e->events[(e->ev_head + e->ev_count) % e->ev_cap];
+    e->ev_count++;
+    memset(ev, 0, offsetof(cb_event, metrics));
+    ev->type = type;
+    ev->id = r->id;
+    return ev;
+}
+
+static void order_remove(cb_engine *e, int idx) {
+    for (int i = 0; i < e->n_order; i++)
+        if (e->order[i] == idx) {
+            memmove(e->order + i, e->order + i + 1, (size_t)(e->n_order - i - 1) * sizeof(int));
+            e->n_order--;
+            return;
+        }
+}
+
+/* Finish request idx: DONE event with metrics, free its slot and entry. */
+static void finish(cb_engine *e, int idx, int reason, int stop_offset) {
+    cb_request *r = &e->reqs[idx];
+    double t = now_ms();
+    cb_event *ev = push_event(e, CB_EVENT_DONE, r);
+    cb_request_metrics *M = &ev->metrics;
+    memset(M, 0, sizeof *M);
+    M->prompt_tokens = r->n_prompt;
+    M->cached_tokens = r->cached;
+    M->completion_tokens = r->n_gen;
+    M->e2e_ms = t - r->t_submit;
+    M->queue_ms = (r->t_admit > 0 ? r->t_admit : t) - r->t_submit;
+    M->prefill_ms = r->t_prefill_done > 0 ? r->t_prefill_done - r->t_submit : 0;
+    M->ttft_ms = r->t_first > 0 ? r->t_first - r->t_submit : 0;
+    M->decode_ms = r->t_first > 0 ? t - r->t_first : 0;
+    M->tpot_ms = r->n_gen > 1 ? M->decode_ms / (r->n_gen - 1) : 0;
+    M->decode_tok_s = r->n_gen > 1 && M->decode_ms > 0 ? (r->n_gen - 1) * 1e3 / M->decode_ms : 0;
+    M->slot = r->state == RQ_QUEUED ? -1 : r->slot;
+    M->finish_reason = reason;
+    M->stop_offset = stop_offset;
+    if (r->state == RQ_PREFILL || r->state == RQ_DECODE) {
+        cb_slot *s = &e->slots[r->slot];
+        s->req = -1;
+        s->last_used = ++e->lru_clock;
+        order_remove(e, idx);
+    }
+    req_release(r);
+}
+
+static void error_event(cb_engine *e, int idx, int status, const char *fmt, ...) {
+    cb_request *r = &e->reqs[idx];
+    cb_event *ev = push_event(e, CB_EVENT_ERROR, r);
+    ev->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ev->message, sizeof ev->message, fmt, ap);
+    va_end(ap);
+    if (r->state == RQ_PREFILL || r->state == RQ_DECODE) {
+        e->slots[r->slot].req = -1;
+        e->slots[r->slot].last_used = ++e->lru_clock;
+        order_remove(e, idx);
+    }
+    req_release(r);
+}
+
+/* ------------------------------------------------------------ admission */
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static void admit(cb_engine *e) {
+    const cb_engine_params *P = &e->params;
+    for (;;) {
+        /* oldest queued request that can be placed now */
+        int best = -1;
+        for (int i = 0; i < CB_MAX_REQUESTS; i++) {
+            cb_request *r = &e->reqs[i];
+            if (r->state != RQ_QUEUED) continue;
+            if (r->slot >= 0 && e->slots[r->slot].req >= 0) continue;  /* pinned slot busy: wait */
+            if (best < 0 || r->seq < e->reqs[best].seq) best = i;
+        }
+        if (best < 0) return;
+        cb_request *r = &e->reqs[best];
+        if (r->n_prompt + r->max_tokens > P->n_ctx) {
+            error_event(e, best, CB_ERR_CONTEXT,
+                        "context_length_exceeded: %d prompt tokens + %d max_tokens > context of %d",
+                        r->n_prompt, r->max_tokens, P->n_ctx);
+            continue;
+        }
+        int s = r->slot, match = 0;
+        if (s < 0) {
+            for (int i = 0; i < P->n_slots; i++) {
+                cb_slot *sl = &e->slots[i];
+                if (sl->req >= 0) continue;
+                int m = P->prefix_reuse ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
+                if (s < 0 || m > match || (m == match && sl->last_used < e->slots[s].last_used)) { s = i; match = m; }
+            }
+            if (s < 0) {
+                /* no free slot: only requests pinned to a free slot may still go */
+                int pinned = -1;
+                for (int i = 0; i < CB_MAX_REQUESTS; i++) {
+                    cb_request *q = &e->reqs[i];
+                    if (q->state == RQ_QUEUED && q->slot >= 0 && e->slots[q->slot].req < 0 &&
+                        (pinned < 0 || q->seq < e->reqs[pinned].seq)) pinned = i;
+                }
+                if (pinned < 0) return;
+                best = pinned;
+                r = &e->reqs[best];
+                s = r->slot;
+                if (r->n_prompt + r->max_tokens > P->n_ctx) continue;  /* refused next round */
+            }
+        }
+        cb_slot *sl = &e->slots[s];
+        match = P->prefix_reuse ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
+        if (match > r->n_prompt - 1) match = r->n_prompt - 1;  /* the last prompt token must run for logits */
+        if (P->prefix_reuse && r->copy_prefix) {
+            int src = -1, src_match = match;
+            for (int i = 0; i < P->n_slots; i++) {
+                if (i == s) continue;
+                int m = common_prefix(e->slots[i].tokens, e->slots[i].n_past, r->prompt, r->n_prompt);
+                if (m > r->n_prompt - 1) m = r->n_prompt - 1;
+                if (m > src_match) { src = i; src_match = m; }
+            }
+            if (src >= 0) {
+                /* positions < n_past of a running slot are never rewritten, so copying is safe */
+                cb_kv_copy(&e->ctx, s, src, src_match);
+                memcpy(sl->tokens, e->slots[src].tokens, (size_t)src_match * sizeof(int32_t));
+                match = src_match;
+            }
+        }
+        sl->n_past = match;
+        sl->req = best;
+        r->slot = s;
+        r->cached = match;
+        r->n_prompt_done = match;
+        r->state = RQ_PREFILL;
+        r->t_admit = now_ms();
+        e->order[e->n_order++] = best;
+    }
+}
+
+/* ----------------------------------------------------------------- step */
+
+/* Copy queued events to the caller. */
+static int drain(cb_engine *e, cb_event *out, int max_events) {
+    int n = 0;
+    while (n < max_events && e->ev_count > 0) {
+        out[n++] = e->events[e->ev_head];
+        e->ev_head = (e->ev_head + 1) % e->ev_cap;
+        e->ev_count--;
+    }
+    return n;
+}
+
+/* Sample the logits row `lr` for request idx and emit token / done events. */
+static void sample_row(cb_engine *e, int idx, int lr) {
+    cb_request *r = &e->reqs[idx];
+    cb_slot *sl = &e->slots[r->slot];
+    const float *logits = e->ctx.logits + (size_t)lr * e->model->info.n_vocab;
+    cb_sample_result res;
+    int rc = cb_sample(&r->sp, &r->rng, &e->sampler, logits, sl->tokens, sl->n_past, NULL, &res);
+    if (rc != CB_OK) { error_event(e, idx, rc, "sampling failed: every token is banned"); return; }
+    double t = now_ms();
+    if (r->n_gen == 0) r->t_first = t;
+    if (!r->ignore_eos && cb_model_token_is_eog(e->model, res.token)) { finish(e, idx, CB_FINISH_STOP, -1); return; }
+    cb_event *ev = push_event(e, CB_EVENT_TOKEN, r);
+    ev->token = res.token;
+    ev->logprob = res.logprob;
+    ev->n_top = res.n_top;
+    memcpy(ev->top_tokens, res.top_tokens, sizeof ev->top_tokens);
+    memcpy(ev->top_logprobs, res.top_logprobs, sizeof ev->top_logprobs);
+    ev->logits = r->return_logits ? logits : NULL;
+    r->n_gen++;
+    size_t nbytes = 0;
+    const uint8_t *bytes = cb_model_token_bytes(e->model, res.token, &nbytes);
+    int64_t stop_at = bytes ? cb_stopstr_feed(&r->stop, bytes, nbytes) : -1;
+    if (stop_at >= 0) finish(e, idx, CB_FINISH_STOP, (int)stop_at);
+    else if (r->n_gen >= r->max_tokens) finish(e, idx, CB_FINISH_LENGTH, -1);
+    else if (sl->n_past + 1 > e->params.n_ctx) finish(e, idx, CB_FINISH_CONTEXT, -1);
+    else { r->pending = res.token; r->state = RQ_DECODE; }
+}
+
+int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
+    if (!e || (max_events > 0 && !events)) return CB_ERR_ARG;
+    int drained = 0;
+    if (e->ev_count > 0) {
+        drained = drain(e, events, max_events);
+        if (e->ev_count > 0 || drained == max_events) return drained;  /* let the caller catch up first */
+        events += drained;
+        max_events -= drained;
+    }
+    double t0 = now_ms();
+    cb_ctx *c = &e->ctx;
+    double m0 = c->t_matmul, a0 = c->t_attention, h0 = c->t_lm_head;
+
+    /* 1. cancellations */
+    for (int i = 0; i < CB_MAX_REQUESTS; i++)
+        if (e->reqs[i].state != RQ_FREE && e->reqs[i].cancelled) finish(e, i, CB_FINISH_CANCELLED, -1);
+    /* 2. admission */
+    admit(e);
+    /* 3. batch: decode rows first, then prefill chunks, in admission order */
+    int n = 0, n_logit = 0, rows_decode = 0, rows_prefill = 0;
+    for (int k = 0; k < e->n_order; k++) {
+        cb_request *r = &e->reqs[e->order[k]];
+        if (r->state != RQ_DECODE) continue;
+        cb_slot *sl = &e->slots[r->slot];
+        sl->tokens[sl->n_past] = r->pending;
+        e->b_tokens[n] = r->pending;
+        e->b_pos[n] = sl->n_past;
+        e->b_slot[n] = r->slot;
+        e->logit_req[n_logit] = e->order[k];
+        e->b_logit[n++] = n_logit++;
+        rows_decode++;
+    }
+    for (int k = 0; k < e->n_order && n < e->params.n_batch; k++) {
+        int idx = e->order[k];
+        cb_request *r = &e->reqs[idx];
+        if (r->state != RQ_PREFILL) continue;
+        int left = r->n_prompt - r->n_prompt_done;
+        int chunk = left < e->params.n_chunk ? left : e->params.n_chunk;
+        if (chunk > e->params.n_batch - n) chunk = e->params.n_batch - n;
+        cb_slot *sl = &e->slots[r->slot];
+        for (int j = 0; j < chunk; j++) {
+            int pos = r->n_prompt_done + j;
+            sl->tokens[pos] = r->prompt[pos];
+            e->b_tokens[n] = r->prompt[pos];
+            e->b_pos[n] = pos;
+            e->b_slot[n] = r->slot;
+            e->b_logit[n] = -1;
+            if (pos == r->n_prompt - 1 && r->max_tokens > 0) {
+                e->logit_req[n_logit] = idx;
+                e->b_logit[n] = n_logit++;
+            }
+            n++;
+        }
+        rows_prefill += chunk;
+    }
+    /* 4. forward */
+    if (n > 0) {
+        cb_batch b = { n, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
+        cb_forward(c, &b);
+    }
+    /* slots now hold KV for the rows just computed */
+    for (int i = 0; i < n; i++) {
+        cb_slot *sl = &e->slots[e->b_slot[i]];
+        if (e->b_pos[i] + 1 > sl->n_past) sl->n_past = e->b_pos[i] + 1;
+    }
+    double ts = now_ms();
+    for (int k = 0; k < e->n_order; k++) {
+        cb_request *r = &e->reqs[e->order[k]];
+        if (r->state == RQ_PREFILL) {
+            r->n_prompt_done = e->slots[r->slot].n_past;
+            if (r->n_prompt_done >= r->n_prompt) r->t_prefill_done = ts;
+        }
+    }
+    /* 5. sample (in logits-row order, i.e. admission order within each kind) */
+    for (int lr = 0; lr < n_logit; lr++) sample_row(e, e->logit_req[lr], lr);
+    /* prefill-only requests (max_tokens == 0) finish once their prompt is in */
+    for (int k = 0; k < e->n_order; k++) {
+        int idx = e->order[k];
+        cb_request *r = &e->reqs[idx];
+        if (r->state == RQ_PREFILL && r->max_tokens == 0 && r->n_prompt_done >= r->n_prompt) {
+            finish(e, idx, CB_FINISH_LENGTH, -1);
+            k--;
+        }
+    }
+    double t1 = now_ms();
+    cb_step_stats *S = &e->last;
+    S->step = e->n_steps++;
+    S->rows_decode = rows_decode;
+    S->rows_prefill = rows_prefill;
+    S->n_running = e->n_order;
+    S->step_ms = t1 - t0;
+    S->matmul_ms = c->t_matmul - m0;
+    S->attention_ms = c->t_attention - a0;
+    S->lm_head_ms = c->t_lm_head - h0;
+    S->sampling_ms = t1 - ts;
+    S->grammar_ms = 0;
+    S->draft_ms = 0;
+    S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms;
+    return drained + drain(e, events, max_events);
+}
+
+void cb_engine_last_step(const cb_engine *e, cb_step_stats *s) { *s = e->last; }
+
+/* ---------------------------------------------------------------- slots */
+
+int cb_engine_slot_info(const cb_engine *e, int slot, int *n_past, int *busy) {
+    if (slot < 0 || slot >= e->params.n_slots) return CB_ERR_ARG;
+    if (n_past) *n_past = e->slots[slot].n_past;
+    if (busy) *busy = e->slots[slot].req >= 0;
+    return CB_OK;
+}
+
+int cb_engine_slot_tokens(const cb_engine *e, int slot, int32_t *out, int cap) {
+    if (slot < 0 || slot >= e->params.n_slots || cap < 0 || (cap > 0 && !out)) return CB_ERR_ARG;
+    int n = e->slots[slot].n_past < cap ? e->slots[slot].n_past : cap;
+    memcpy(out, e->slots[slot].tokens, (size_t)n * sizeof(int32_t));
+    return n;
+}
+
+int cb_engine_slot_clear(cb_engine *e, int slot) {
+    if (slot < 0 || slot >= e->params.n_slots) return CB_ERR_ARG;
+    if (e->slots[slot].req >= 0) return CB_ERR_BUSY;
+    e->slots[slot].n_past = 0;
+    return CB_OK;
+}
+
+int cb_engine_forward(cb_engine *e, int slot, const int32_t *tokens, int n, int pos,
+                      float *logits_out, char *err, size_t err_len) {
+    if (err && err_len) err[0] = 0;
+    if (!e || !tokens || !logits_out) return CB_ERR_ARG;
+    if (slot < 0 || slot >= e->params.n_slots) { set_err(err, err_len, "slot %d is out of range [0, %d)", slot, e->params.n_slots); return CB_ERR_ARG; }
+    cb_slot *sl = &e->slots[slot];
+    if (sl->req >= 0) { set_err(err, err_len, "slot %d is busy with a request", slot); return CB_ERR_BUSY; }
+    if (n < 1) { set_err(err, err_len, "forward needs at least one token"); return CB_ERR_ARG; }
+    if (pos < 0 || pos > sl->n_past) { set_err(err, err_len, "pos %d must be in [0, %d] (positions before it need KV)", pos, sl->n_past); return CB_ERR_ARG; }
+    if (pos + n > e->params.n_ctx) { set_err(err, err_len, "context_length_exceeded: %d + %d tokens > context of %d", pos, n, e->params.n_ctx); return CB_ERR_CONTEXT; }
+    int n_vocab = e->model->info.n_vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) { set_err(err, err_len, "token %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab); return CB_ERR_ARG; }
+    sl->n_past = pos;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
+        for (int j = 0; j < chunk; j++) {
+            e->b_tokens[j] = tokens[done + j];
+            e->b_pos[j] = pos + done + j;
+            e->b_slot[j] = slot;
+            e->b_logit[j] = j;
+            sl->tokens[pos + done + j] = tokens[done + j];
+        }
+        cb_batch b = { chunk, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
+        cb_forward(&e->ctx, &b);
+        memcpy(logits_out + (size_t)done * n_vocab, e->ctx.logits, (size_t)chunk * n_vocab * sizeof(float));
+        done += chunk;
+        sl->n_past = pos + done;
+    }
+    return CB_OK;
+}

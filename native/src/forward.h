@@ -1,0 +1,61 @@
+/*
+ * forward.h — the llama-family forward pass over a batch of token rows.
+ *
+ * A batch mixes rows of different sequences (KV slots) and positions: decode
+ * rows of running requests and prefill chunks.  Weights are read once per
+ * matmul for all rows; attention is per row over its own slot's KV.  Every
+ * buffer is allocated in cb_ctx_init; cb_forward allocates nothing.
+ */
+#ifndef CB_FORWARD_H
+#define CB_FORWARD_H
+
+#include "model.h"
+
+typedef struct {
+    const cb_model   *model;
+    const cb_kernels *k;          /* SIMD level's kernel table */
+    cb_pool          *pool;       /* shared with the engine (not owned) */
+    int n_slots;                  /* KV slots */
+    int n_ctx;                    /* positions per slot */
+    int n_batch;                  /* max rows per forward */
+    int n_logits;                 /* max rows that produce logits per forward */
+    int kv_dim;                   /* n_head_kv * head_dim */
+    /* KV cache, f32: [n_layer][n_slots][n_ctx][kv_dim] */
+    float *k_cache, *v_cache;
+    /* activations, row-major [n_batch x dim] */
+    float *x;                     /* residual stream            [n_batch x n_embd] */
+    float *xb;                    /* normed input / attn output [n_batch x max(n_embd, q_dim)] */
+    float *q;                     /* queries                    [n_batch x q_dim] */
+    float *kx, *vx;               /* new keys / values          [n_batch x kv_dim] */
+    float *hb, *hb2;              /* FFN gate / up              [n_batch x n_ff] */
+    float *tmp;                   /* projection output          [n_batch x n_embd] */
+    float *rope;                  /* cos/sin per row            [n_batch x n_rot] (cos, sin interleaved) */
+    float *scores;                /* attention scores per thread [n_threads x n_ctx] */
+    float *xl;                    /* rows gathered for the head [n_logits x n_embd] */
+    float *logits;                /* output                     [n_logits x n_vocab] */
+    void  *mm_scratch;            /* quantized activations for cb_matmul */
+    /* time accumulated by phase since the last reset (ms) */
+    double t_matmul, t_attention, t_lm_head, t_other;
+} cb_ctx;
+
+/* One forward's rows.  Rows of one slot must have increasing, distinct
+ * positions; every position below a row's pos must already hold KV (from an
+ * earlier forward or an earlier row of this one). */
+typedef struct {
+    int            n;          /* rows, <= n_batch */
+    const int32_t *tokens;     /* [n] token ids (checked < n_vocab by the caller) */
+    const int32_t *pos;        /* [n] position in the slot, < n_ctx */
+    const int32_t *slot;       /* [n] KV slot */
+    const int32_t *logit_row;  /* [n] row of ctx->logits to fill, or -1 */
+} cb_batch;
+
+int  cb_ctx_init(cb_ctx *ctx, const cb_model *model, const cb_kernels *k, cb_pool *pool,
+                 int n_slots, int n_ctx, int n_batch, int n_logits, char *err, size_t err_len);
+void cb_ctx_free(cb_ctx *ctx);
+
+void cb_forward(cb_ctx *ctx, const cb_batch *batch);
+
+/* Copy positions [0, n) of every layer's KV from slot src to slot dst. */
+void cb_kv_copy(cb_ctx *ctx, int dst, int src, int n);
+
+#endif

@@ -1,0 +1,357 @@
+/*
+ * kernels.c — tensor type table, f16/bf16 conversions, SIMD detection and
+ * dispatch, and the threaded matmul driver (cb_matmul) shared by every SIMD
+ * level.  The per-level kernels live in kernels_scalar.c, kernels_avx2.c and
+ * kernels_avx512.c; this file only splits work and never does arithmetic that
+ * could change a result (so batch invariance is the kernels' property alone).
+ */
+#include "colibri.h"
+#include "kernels.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+/* Per-level tables, defined in kernels_<level>.c.  The SIMD files return NULL
+ * when built for a CPU family that lacks the level. */
+const cb_kernels *cb_kernels_scalar_table(void);
+const cb_kernels *cb_kernels_avx2_table(void);
+const cb_kernels *cb_kernels_avx512_table(void);
+
+/* ------------------------------------------------------------ conversions */
+
+/* IEEE half -> float, the branch-free formulation ggml uses (exact for every
+ * input including subnormals, infinities and NaN payloads). */
+static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+float cb_f16_to_f32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t two_w = w + w;
+    const uint32_t exp_offset = 0xE0u << 23;
+    const float exp_scale = 0x1.0p-112f;
+    const float normalized = bits_to_f32((two_w >> 4) + exp_offset) * exp_scale;
+    const uint32_t magic_mask = 126u << 23;
+    const float magic_bias = 0.5f;
+    const float denormalized = bits_to_f32((two_w >> 17) | magic_mask) - magic_bias;
+    const uint32_t denormalized_cutoff = 1u << 27;
+    const uint32_t result = sign |
+        (two_w < denormalized_cutoff ? f32_to_bits(denormalized) : f32_to_bits(normalized));
+    return bits_to_f32(result);
+}
+
+/* float -> IEEE half, round to nearest even (ggml's reference conversion). */
+uint16_t cb_f32_to_f16(float f) {
+    const float scale_to_inf = 0x1.0p+112f;
+    const float scale_to_zero = 0x1.0p-110f;
+    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
+    const uint32_t w = f32_to_bits(f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = bits_to_f32((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = f32_to_bits(base);
+    const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+    const uint32_t mantissa_bits = bits & 0x00000FFFu;
+    const uint32_t nonsign = exp_bits + mantissa_bits;
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+float cb_bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+/* ------------------------------------------------------------- type table */
+
+int cb_type_block(int type) {
+    switch (type) {
+    case CB_TYPE_F32: case CB_TYPE_F16: case CB_TYPE_BF16: return 1;
+    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q8_0: return CB_QK;
+    default: return 0;
+    }
+}
+
+size_t cb_type_block_bytes(int type) {
+    switch (type) {
+    case CB_TYPE_F32:  return 4;
+    case CB_TYPE_F16:  return 2;
+    case CB_TYPE_BF16: return 2;
+    case CB_TYPE_Q4_0: return sizeof(cb_block_q4_0);
+    case CB_TYPE_Q4_1: return sizeof(cb_block_q4_1);
+    case CB_TYPE_Q8_0: return sizeof(cb_block_q8_0);
+    default: return 0;
+    }
+}
+
+int cb_type_supported(int type) { return cb_type_block(type) != 0; }
+
+size_t cb_type_size(int type, int64_t n) {
+    const int blk = cb_type_block(type);
+    if (blk == 0 || n < 0 || n % blk != 0) return 0;
+    const uint64_t nb = (uint64_t)(n / blk);
+    const size_t bb = cb_type_block_bytes(type);
+    if (nb > SIZE_MAX / bb) return 0;  /* would overflow size_t */
+    return (size_t)nb * bb;
+}
+
+const char *cb_type_name(int type) {
+    switch (type) {
+    case CB_TYPE_F32:  return "f32";
+    case CB_TYPE_F16:  return "f16";
+    case CB_TYPE_BF16: return "bf16";
+    case CB_TYPE_Q4_0: return "q4_0";
+    case CB_TYPE_Q4_1: return "q4_1";
+    case CB_TYPE_Q8_0: return "q8_0";
+    default: return "unknown";
+    }
+}
+
+static int type_is_quantized(int type) {
+    return type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q8_0;
+}
+
+/* -------------------------------------------------------------- SIMD */
+
+#if defined(__x86_64__) || defined(__i386__)
+/* XCR0 via xgetbv written as raw asm so this file needs no -mxsave. */
+static uint64_t read_xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+int cb_simd_detect(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return CB_SIMD_SCALAR;
+    const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return CB_SIMD_SCALAR;
+    /* The OS must save the YMM (bits 1,2) and, for AVX-512, the opmask and
+     * ZMM state (bits 5,6,7); a CPU flag alone is not enough. */
+    const uint64_t xcr0 = read_xcr0();
+    const int os_avx = (xcr0 & 0x6) == 0x6;
+    const int os_avx512 = (xcr0 & 0xE6) == 0xE6;
+    if (!os_avx) return CB_SIMD_SCALAR;
+    if (__get_cpuid_max(0, NULL) < 7) return CB_SIMD_SCALAR;
+    __cpuid_count(7, 0, a, b, c, d);
+    const int avx2 = (b >> 5) & 1;
+    const int avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
+    const int vnni = (c >> 11) & 1;
+    if (!(avx2 && fma && f16c)) return CB_SIMD_SCALAR;
+    if (os_avx512 && avx512f && avx512bw && avx512vl && vnni) return CB_SIMD_AVX512;
+    return CB_SIMD_AVX2;
+#else
+    return CB_SIMD_SCALAR;
+#endif
+}
+
+const char *cb_simd_name(int simd) {
+    switch (simd) {
+    case CB_SIMD_SCALAR: return "scalar";
+    case CB_SIMD_AVX2:   return "avx2";
+    case CB_SIMD_AVX512: return "avx512";
+    case CB_SIMD_AUTO:   return "auto";
+    default: return "unknown";
+    }
+}
+
+const cb_kernels *cb_kernels_get(int simd) {
+    if (simd == CB_SIMD_AUTO) simd = cb_simd_detect();
+    switch (simd) {
+    case CB_SIMD_SCALAR: return cb_kernels_scalar_table();
+    case CB_SIMD_AVX2:   return cb_simd_detect() >= CB_SIMD_AVX2 ? cb_kernels_avx2_table() : NULL;
+    case CB_SIMD_AVX512: return cb_simd_detect() >= CB_SIMD_AVX512 ? cb_kernels_avx512_table() : NULL;
+    default: return NULL;
+    }
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+/* Activations for quantized weights: n_rows * nb blocks, padded to 64 bytes. */
+size_t cb_matmul_scratch(int64_t n_in, int n_rows) {
+    if (n_in <= 0 || n_rows <= 0) return 64;
+    const size_t nb = (size_t)((n_in + CB_QK - 1) / CB_QK);
+    const size_t bytes = (size_t)n_rows * nb * sizeof(cb_block_q8);
+    return (bytes + 63) & ~(size_t)63;
+}
+
+/* Decode-sized activations are quantized redundantly by every thread into a
+ * stack buffer, so a matmul is ONE pool run instead of two (a run costs about
+ * a microsecond of synchronisation and decode issues hundreds per token).
+ * Quantization is deterministic, so every thread gets identical bytes. */
+#define CB_LOCAL_Q8_BYTES (16 * 1024)
+
+/* Output rows are handed out in chunks from an atomic counter (dynamic
+ * scheduling copes with a co-tenant stealing a core).  Chunk starts are
+ * multiples of CB_CHUNK_ALIGN so threads never share a cache line of y. */
+#define CB_CHUNK_ALIGN 16
+
+typedef struct {
+    const cb_kernels *k;      /* SIMD level */
+    const cb_weight  *w;      /* weights, n_out x n_in */
+    const float      *x;      /* activations [n_rows][n_in] */
+    int               n_rows; /* activation rows */
+    float            *y;      /* output [n_rows][n_out] */
+    cb_block_q8      *xq;     /* shared quantized activations (NULL: none or local) */
+    int               local_q;/* 1: each thread quantizes into its own stack buffer */
+    int64_t           chunk;  /* output rows per work item (multiple of CB_CHUNK_ALIGN or n_out) */
+    int64_t           n_chunks;
+    atomic_llong      next;   /* next chunk index to hand out */
+} mm_ctx;
+
+static void quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q,
+                          int64_t n_in, int r0, int r1) {
+    const int64_t nb = n_in / CB_QK;
+    for (int r = r0; r < r1; r++) k->quantize_q8(x + (int64_t)r * n_in, q + (int64_t)r * nb, n_in);
+}
+
+static void mm_quantize_task(void *arg, int ith, int nth) {
+    mm_ctx *c = arg;
+    const int per = (c->n_rows + nth - 1) / nth;
+    const int r0 = ith * per;
+    const int r1 = r0 + per < c->n_rows ? r0 + per : c->n_rows;
+    if (r0 < r1) quantize_rows(c->k, c->x, c->xq, c->w->n_in, r0, r1);
+}
+
+static void mm_compute_task(void *arg, int ith, int nth) {
+    mm_ctx *c = arg;
+    const cb_weight *w = c->w;
+    const cb_block_q8 *xq = c->xq;
+    _Alignas(64) cb_block_q8 local[CB_LOCAL_Q8_BYTES / sizeof(cb_block_q8)];
+    if (c->local_q) {
+        quantize_rows(c->k, c->x, local, w->n_in, 0, c->n_rows);
+        xq = local;
+    }
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (i >= c->n_chunks) break;
+        const int64_t o0 = i * c->chunk;
+        const int64_t o1 = o0 + c->chunk < w->n_out ? o0 + c->chunk : w->n_out;
+        c->k->matmul_rows(w, xq, c->x, c->n_rows, c->y, w->n_out, o0, o1);
+    }
+}
+
+void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
+               const float *x, int n_rows, float *y, void *scratch) {
+    if (n_rows <= 0 || w->n_out <= 0) return;
+    const int nth = pool ? cb_pool_size(pool) : 1;
+    const int quant = type_is_quantized(w->type);
+    mm_ctx c;
+    c.k = k; c.w = w; c.x = x; c.n_rows = n_rows; c.y = y;
+    c.xq = NULL; c.local_q = 0;
+    const size_t qbytes = (size_t)n_rows * (size_t)(w->n_in / CB_QK) * sizeof(cb_block_q8);
+    if (quant) {
+        if (nth > 1 && qbytes <= CB_LOCAL_Q8_BYTES) c.local_q = 1;
+        else c.xq = scratch;
+    }
+    /* ~4 chunks per thread so a slow thread is covered by the others, but
+     * never below CB_CHUNK_ALIGN rows (cache lines) nor a work item so small
+     * that the atomic dominates (~64 rows of a 576-wide matrix for decode). */
+    int64_t chunk = w->n_out;
+    if (nth > 1) {
+        int64_t min_chunk = n_rows >= 16 ? CB_CHUNK_ALIGN : 32;
+        chunk = (w->n_out + 4 * nth - 1) / (4 * nth);
+        if (chunk < min_chunk) chunk = min_chunk;
+        chunk = (chunk + CB_CHUNK_ALIGN - 1) / CB_CHUNK_ALIGN * CB_CHUNK_ALIGN;
+    }
+    c.chunk = chunk;
+    c.n_chunks = (w->n_out + chunk - 1) / chunk;
+    atomic_init(&c.next, 0);
+
+    if (nth == 1) {
+        if (quant) quantize_rows(k, x, c.xq, w->n_in, 0, n_rows);
+        k->matmul_rows(w, c.xq, x, n_rows, y, w->n_out, 0, w->n_out);
+        return;
+    }
+    if (quant && !c.local_q) cb_pool_run(pool, mm_quantize_task, &c);
+    cb_pool_run(pool, mm_compute_task, &c);
+}
+
+/* ------------------------------------------------------- row dequantize */
+
+void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out) {
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)row * w->row_bytes;
+    const int64_t n = w->n_in;
+    switch (w->type) {
+    case CB_TYPE_F32:
+        memcpy(out, p, (size_t)n * sizeof(float));
+        break;
+    case CB_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h; memcpy(&h, p + 2 * i, 2);
+            out[i] = cb_f16_to_f32(h);
+        }
+        break;
+    case CB_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h; memcpy(&h, p + 2 * i, 2);
+            out[i] = cb_bf16_to_f32(h);
+        }
+        break;
+    case CB_TYPE_Q4_0:
+        for (int64_t b = 0; b < n / CB_QK; b++) {
+            const cb_block_q4_0 *blk = (const cb_block_q4_0 *)(p + (size_t)b * sizeof(cb_block_q4_0));
+            const float d = cb_f16_to_f32(blk->d);
+            for (int j = 0; j < 16; j++) {
+                out[b * CB_QK + j]      = d * (float)((blk->qs[j] & 0x0F) - 8);
+                out[b * CB_QK + j + 16] = d * (float)((blk->qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    case CB_TYPE_Q4_1:
+        for (int64_t b = 0; b < n / CB_QK; b++) {
+            const cb_block_q4_1 *blk = (const cb_block_q4_1 *)(p + (size_t)b * sizeof(cb_block_q4_1));
+            const float d = cb_f16_to_f32(blk->d), m = cb_f16_to_f32(blk->m);
+            for (int j = 0; j < 16; j++) {
+                out[b * CB_QK + j]      = d * (float)(blk->qs[j] & 0x0F) + m;
+                out[b * CB_QK + j + 16] = d * (float)(blk->qs[j] >> 4) + m;
+            }
+        }
+        break;
+    case CB_TYPE_Q8_0:
+        for (int64_t b = 0; b < n / CB_QK; b++) {
+            const cb_block_q8_0 *blk = (const cb_block_q8_0 *)(p + (size_t)b * sizeof(cb_block_q8_0));
+            const float d = cb_f16_to_f32(blk->d);
+            for (int j = 0; j < CB_QK; j++) out[b * CB_QK + j] = d * (float)blk->qs[j];
+        }
+        break;
+    default:
+        memset(out, 0, (size_t)n * sizeof(float));
+        break;
+    }
+}
+
+/* ------------------------------------------------------------- test hook */
+
+int cb_kernel_matmul(int type, const void *w, int n_out, int n_in,
+                     const float *x, int n_rows, float *y, int simd, int n_threads) {
+    if (!cb_type_supported(type)) return CB_ERR_UNSUPPORTED;
+    if (!w || !x || !y || n_out <= 0 || n_in <= 0 || n_rows <= 0 || n_threads <= 0 || n_threads > 256)
+        return CB_ERR_ARG;
+    if (n_in % cb_type_block(type) != 0) return CB_ERR_ARG;
+    if (simd == CB_SIMD_AUTO) simd = cb_simd_detect();
+    if (simd < CB_SIMD_SCALAR || simd > CB_SIMD_AVX512) return CB_ERR_ARG;
+    const cb_kernels *k = cb_kernels_get(simd);
+    if (!k) return CB_ERR_UNSUPPORTED;
+    cb_weight wt;
+    wt.type = type; wt.n_in = n_in; wt.n_out = n_out; wt.data = w;
+    wt.row_bytes = cb_type_size(type, n_in);
+    const size_t sbytes = cb_matmul_scratch(n_in, n_rows);
+    void *scratch = aligned_alloc(64, sbytes);
+    if (!scratch) return CB_ERR_NOMEM;
+    cb_pool *pool = NULL;
+    if (n_threads > 1) {
+        pool = cb_pool_new(n_threads);
+        if (!pool) { free(scratch); return CB_ERR_NOMEM; }
+    }
+    cb_matmul(pool, k, &wt, x, n_rows, y, scratch);
+    cb_pool_free(pool);
+    free(scratch);
+    return CB_OK;
+}

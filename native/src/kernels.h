@@ -1,0 +1,105 @@
+/*
+ * kernels.h — tensor types, the thread pool, and the SIMD kernels behind a
+ * per-level function table chosen at run time.
+ *
+ * Batch invariance (DESIGN invariant 1) is a property of these kernels: the
+ * value written to y[r][o] depends only on row r of x and row o of w, never
+ * on how many rows are in the batch, which thread computed it, or how the
+ * work was tiled.  Every kernel reduces in one fixed order per (r, o): a tile
+ * that shares weight loads across rows must do per row exactly what the
+ * single-row path does.  Threads split output columns (o), never a reduction.
+ */
+#ifndef CB_KERNELS_H
+#define CB_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* GGML tensor type ids (as stored in GGUF). */
+enum {
+    CB_TYPE_F32 = 0, CB_TYPE_F16 = 1, CB_TYPE_Q4_0 = 2, CB_TYPE_Q4_1 = 3,
+    CB_TYPE_Q8_0 = 8, CB_TYPE_BF16 = 30
+};
+
+#define CB_QK 32  /* elements per block for Q4_0 / Q4_1 / Q8_0 and activations */
+
+/* GGUF block layouts (packed, little-endian, as written by ggml). */
+typedef struct { uint16_t d; uint8_t qs[16]; } cb_block_q4_0;              /* w = d * (q - 8), q in low nibble for i<16, high for i>=16 */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } cb_block_q4_1;           /* w = d * q + m */
+typedef struct { uint16_t d; int8_t qs[32]; } cb_block_q8_0;               /* w = d * q */
+
+/* Activations quantized to int8, one block per 32 inputs (our own layout,
+ * never stored in files). */
+typedef struct {
+    float  d;        /* scale: x ~= d * qs */
+    float  s;        /* d * sum(qs), used by Q4_0 / Q4_1 offset terms */
+    int8_t qs[CB_QK];
+} cb_block_q8;
+
+/* Scalar conversions (bit-exact with ggml's). */
+float    cb_f16_to_f32(uint16_t h);
+uint16_t cb_f32_to_f16(float f);
+float    cb_bf16_to_f32(uint16_t h);
+
+/* Block size in elements and bytes per block for a type (0 if unknown). */
+int    cb_type_block(int type);
+size_t cb_type_block_bytes(int type);
+/* 1 if the engine can compute with this type. */
+int    cb_type_supported(int type);
+
+/* ------------------------------------------------------------ thread pool */
+
+typedef struct cb_pool cb_pool;
+/* Work item: called once per thread with ith in [0, nth). */
+typedef void (*cb_pool_fn)(void *ctx, int ith, int nth);
+
+/* n_threads counts the calling thread, which runs ith = 0.  Workers spin
+ * briefly between runs (decode issues hundreds of runs per token) and then
+ * sleep on a condition variable. */
+cb_pool *cb_pool_new(int n_threads);
+void     cb_pool_free(cb_pool *pool);          /* NULL is fine */
+int      cb_pool_size(const cb_pool *pool);
+/* Run fn on every thread and return when all have finished. */
+void     cb_pool_run(cb_pool *pool, cb_pool_fn fn, void *ctx);
+
+/* ---------------------------------------------------------------- matmul */
+
+/* A weight matrix: n_out rows of n_in elements of `type`, row-major. */
+typedef struct {
+    int         type;
+    int64_t     n_in;       /* row length (GGUF ne[0]) */
+    int64_t     n_out;      /* rows (GGUF ne[1]) */
+    const void *data;
+    size_t      row_bytes;  /* cb_type_size(type, n_in) */
+} cb_weight;
+
+/* Function table of one SIMD level. */
+typedef struct {
+    int simd;  /* cb_simd */
+    /* Quantize n (multiple of 32) floats into n/32 blocks. */
+    void  (*quantize_q8)(const float *x, cb_block_q8 *q, int64_t n);
+    /* y[o] = dot(w row o, x) for o in [o0, o1), for n_rows rows of activations.
+     * xq: n_rows * (n_in/32) blocks (quantized types) ; xf: n_rows * n_in floats
+     * (float types).  y row stride ldy. */
+    void  (*matmul_rows)(const cb_weight *w, const cb_block_q8 *xq, const float *xf,
+                         int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+    /* Float helpers for attention and norms (fixed reduction order). */
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void  (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a*x */
+} cb_kernels;
+
+/* Table for a level, or NULL if the CPU (or this build) lacks it. */
+const cb_kernels *cb_kernels_get(int simd);
+
+/* Bytes of scratch cb_matmul needs for n_rows rows of n_in inputs. */
+size_t cb_matmul_scratch(int64_t n_in, int n_rows);
+
+/* y[n_rows][w->n_out] = x[n_rows][w->n_in] * w^T, threads over output rows.
+ * scratch: cb_matmul_scratch() bytes, 64-byte aligned.  Allocates nothing. */
+void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
+               const float *x, int n_rows, float *y, void *scratch);
+
+/* Dequantize row `row` of w into out[n_in] (embedding lookup; reference path). */
+void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out);
+
+#endif

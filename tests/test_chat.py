@@ -1,0 +1,179 @@
+"""Chat template rendering: SmolLM2's template from the real GGUF file, checked
+against a plain jinja2 environment configured like transformers'
+apply_chat_template, plus the exact ChatML text, validation and the sandbox."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jinja2
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from colibri_lab.chat import render, template_from_metadata, validate_messages
+from colibri_lab.errors import InvalidRequestError, ModelNotFoundError
+
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def _smollm2_path() -> Path:
+    env = os.environ.get("COLIBRI_LAB_SMOLLM2")
+    if env:
+        return Path(env)
+    from colibri_lab.models import resolve
+
+    try:
+        return resolve("smollm2", pull=True)
+    except ModelNotFoundError as e:
+        pytest.skip(f"SmolLM2 model not available: {e}")
+
+
+@pytest.fixture(scope="module")
+def template() -> str:
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(str(_smollm2_path()))
+    meta = {"tokenizer.chat_template": reader.fields["tokenizer.chat_template"].contents()}
+    t = template_from_metadata(meta)
+    assert t is not None and "<|im_start|>" in t
+    return t
+
+
+def _reference(template: str, messages, add_generation_prompt=True, **kw) -> str:
+    """What transformers' apply_chat_template renders (same jinja2 flags)."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    return env.from_string(template).render(
+        messages=messages, add_generation_prompt=add_generation_prompt, **kw
+    )
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+    [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi! How can I help?"},
+        {"role": "user", "content": "Tell me a joke\nwith two lines"},
+    ],
+    [{"role": "system", "content": ""}, {"role": "user", "content": "  spaces  "}],
+    [{"role": "user", "content": "日本語 😀 <b>html</b> {{ not a template }}"}],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("gen", [True, False])
+def test_matches_plain_jinja2(template, messages, gen):
+    got = render(template, messages, add_generation_prompt=gen, bos_token="<|im_start|>",
+                 eos_token="<|im_end|>")
+    want = _reference(template, messages, add_generation_prompt=gen,
+                      bos_token="<|im_start|>", eos_token="<|im_end|>")
+    assert got == want
+
+
+def test_exact_system_user(template):
+    got = render(template, [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ])
+    assert got == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_default_system_prompt(template):
+    got = render(template, [{"role": "user", "content": "Hi"}], add_generation_prompt=False)
+    assert got == (
+        f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n"
+    )
+
+
+def test_text_parts_are_joined(template):
+    parts = [{"type": "text", "text": "line one"}, {"type": "text", "text": "line two"}]
+    got = render(template, [{"role": "user", "content": parts}])
+    assert "<|im_start|>user\nline one\nline two<|im_end|>\n" in got
+
+
+def test_caller_messages_not_modified(template):
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
+    render(template, msgs)
+    assert msgs == [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
+
+
+@pytest.mark.parametrize(
+    "messages, match",
+    [
+        ("hello", "list"),
+        ([], "empty"),
+        (["hello"], r"messages\[0\]"),
+        ([{"content": "x"}], "role"),
+        ([{"role": "wizard", "content": "x"}], "role"),
+        ([{"role": "user"}], "no content"),
+        ([{"role": "user", "content": 5}], "content"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "image_url"),
+        ([{"role": "user", "content": [{"type": "text", "text": 3}]}], "text"),
+        ([{"role": "user", "content": ["bare string"]}], "object"),
+    ],
+)
+def test_bad_messages(messages, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        render("{{ messages }}", messages)
+
+
+def test_assistant_tool_call_without_content():
+    msgs = validate_messages([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
+                                              "function": {"name": "w", "arguments": "{}"}}]},
+    ])
+    assert msgs[1]["content"] is None
+
+
+def test_template_errors():
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(InvalidRequestError, match="syntax error"):
+        render("{% for m in messages %}", msgs)
+    with pytest.raises(InvalidRequestError, match="only system and user"):
+        render("{{ raise_exception('only system and user') }}", msgs)
+    with pytest.raises(InvalidRequestError, match="TypeError"):
+        render("{{ messages[0]['content'] + 1 }}", msgs)
+    with pytest.raises(InvalidRequestError):
+        render("", msgs)
+
+
+def test_sandbox_blocks_python_internals():
+    msgs = [{"role": "user", "content": "x"}]
+    # unsafe attributes are undefined: nothing leaks into the prompt ...
+    assert render("{{ ''.__class__ }}", msgs) == ""
+    # ... and walking further raises instead of reaching object.__subclasses__
+    with pytest.raises(InvalidRequestError):
+        render("{{ ''.__class__.__mro__[1].__subclasses__() }}", msgs)
+    # immutable sandbox: templates cannot mutate the messages they are given
+    with pytest.raises(InvalidRequestError):
+        render("{% set _ = messages.append(1) %}", msgs)
+
+
+def test_helpers_and_variables():
+    msgs = [{"role": "user", "content": "é"}]
+    assert render("{{ messages | tojson }}", msgs) == '[{"role": "user", "content": "é"}]'
+    assert render("{{ strftime_now('%Y') | int > 2000 }}", msgs) == "True"
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert render("{{ tools[0].function.name }}", msgs, tools=tools) == "f"
+    assert render("{{ bos_token }}|{{ eos_token }}|{{ extra_var }}", msgs,
+                  bos_token="<s>", eos_token="</s>", extra_var=7) == "<s>|</s>|7"
+    # trim_blocks / lstrip_blocks as in transformers
+    t = "{% for m in messages %}\n  {% if true %}\n[{{ m.content }}]\n  {% endif %}\n{% endfor %}"
+    assert render(t, msgs) == "[é]\n"
+    # loop controls and the {% generation %} tag used by some HF templates
+    t = "{% for m in messages %}{% generation %}{{ m.role }}{% endgeneration %}{% break %}{% endfor %}"
+    assert render(t, msgs + msgs) == "user"
+
+
+def test_template_from_metadata():
+    assert template_from_metadata({}) is None
+    assert template_from_metadata({"tokenizer.chat_template": "x"}) == "x"
+    assert template_from_metadata({"tokenizer.chat_template.tool_use": "t"}, "tool_use") == "t"
