@@ -325,7 +325,8 @@ def resolve(name_or_path: str | os.PathLike, pull: bool = True) -> Path:
 def list_models() -> list[dict]:
     """One dict per alias: alias, cached, path, size, sha256, license, and more.
 
-    ``cached`` only says the file is present; it is not hashed here.
+    ``cached`` only says the file is present; it is not hashed here.  ``size``
+    is the file's size when cached, else the expected size (None if unknown).
     """
     rows = []
     for alias in sorted(REGISTRY):

@@ -418,10 +418,14 @@ class Tokenizer:
         """
         self._check_ids([token_id])
         text = self._tokens[token_id]
-        if token_id in self._special_ids:
+        kind = self._types[token_id]
+        if token_id in self._special_ids and kind != TOKEN_TYPE["UNKNOWN"]:
             return text.encode("utf-8") if special else b""
-        if self._types[token_id] == TOKEN_TYPE["USER_DEFINED"]:
+        if kind == TOKEN_TYPE["USER_DEFINED"]:
             return text.encode("utf-8")
+        if kind != TOKEN_TYPE["NORMAL"]:
+            # llama.cpp renders unknown / unused / byte / undefined BPE tokens as nothing.
+            return b""
         out = bytearray()
         for ch in text:
             b = _UNICODE_TO_BYTE.get(ch)

@@ -22,6 +22,7 @@ import pytest
 
 import gguf
 from colibri_lab.errors import ModelLoadError, UnsupportedModelError
+from tinymodels import tiny_vocab, write_tiny_llama  # tests/ is on sys.path (conftest.py)
 
 # GGUF value types.
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
@@ -317,9 +318,11 @@ def test_bad_metadata(tmp_path, kvs, pattern):
 
 # --------------------------------------------------------------- tensors
 
-@pytest.mark.parametrize("offset", [1 << 40, (1 << 64) - 32, 4096])
+@pytest.mark.parametrize("offset", [1 << 40, (1 << 64) - 32, "straddles_end"])
 def test_tensor_offset_outside_file(tmp_path, offset):
     img = base_image()
+    if offset == "straddles_end":  # starts inside the data section, ends past the file
+        offset = (len(img.data) - img.data_start) - 32
     p = write(tmp_path, img.patch(img.ti_offset_at["output_norm.weight"], "<Q", offset))
     err = assert_format_error(p, r"outside the file")
     assert "output_norm.weight" in str(err)
@@ -409,14 +412,17 @@ def _llama_writer(path, arch="llama", *, q_shape=None, n_embd=64, n_ff=128, n_he
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    # The tokenizer section of tests/tinymodels.py's files, so that the only
+    # thing wrong with the file is what the test changes.
+    tokens, types, merges = tiny_vocab(n_vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
-    tokens = [f"<t{i}>" for i in range(n_vocab)]
     w.add_token_list(tokens)
-    w.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
-    w.add_token_merges([])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(257)
+    w.add_add_bos_token(False)
 
     def mat(n_out, n_in):
         return rng.standard_normal((n_out, n_in)).astype(np.float32)
@@ -447,6 +453,25 @@ def test_tensor_shape_disagrees_with_metadata(tmp_path, q_shape):
     p = _llama_writer(tmp_path / "wrong_shape.gguf", q_shape=q_shape)
     r = gguf.GGUFReader(str(p))  # well-formed as GGUF
     assert [int(x) for x in r.tensors[2].shape] == [q_shape[1], q_shape[0]]
+    assert_format_error(p, r"blk\.0\.attn_q\.weight")
+
+
+@pytest.mark.parametrize("dim,value", [(0, 32), (1, 32)], ids=["ne0_short", "ne1_short"])
+def test_tiny_llama_with_one_tensor_reshaped(tmp_path, dim, value):
+    """tinymodels' valid tiny llama with only blk.0.attn_q.weight's ne[dim]
+    changed from n_embd to `value` in the tensor info (its data shrinks, so
+    it still lies inside the file and overlaps nothing: GGUF-valid)."""
+    tw = write_tiny_llama(tmp_path / "tiny.gguf", wtype="F32", n_embd=64)
+    data = bytearray(open(tw.path, "rb").read())
+    name = b"blk.0.attn_q.weight"
+    i = data.find(struct.pack("<Q", len(name)) + name)
+    assert i > 0
+    at = i + 8 + len(name)
+    assert struct.unpack_from("<IQQ", data, at) == (2, 64, 64)
+    struct.pack_into("<Q", data, at + 4 + 8 * dim, value)
+    p = write(tmp_path, bytes(data), "reshaped.gguf")
+    r = gguf.GGUFReader(str(p))  # still well-formed as GGUF
+    assert len(r.tensors) == len(tw)
     assert_format_error(p, r"blk\.0\.attn_q\.weight")
 
 

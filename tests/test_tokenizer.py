@@ -263,3 +263,19 @@ def test_out_of_range_special_ids_are_ignored():
     tk = Tokenizer.from_metadata(_tiny_meta(**{"tokenizer.ggml.bos_token_id": 10**6}))
     assert tk.bos_id is None
     assert tk.eos_id == 2
+
+
+def test_engine_metadata_builds_the_same_tokenizer(meta, fixture_data):
+    """The engine's Model.metadata() (the runtime source) must give the same dict
+    as the reference gguf reader, and so the same tokenizer."""
+    try:
+        from colibri_lab import _engine
+    except ImportError:
+        pytest.skip("compiled extension colibri_lab._engine not built")
+    engine_meta = _engine.Model(str(smollm2_path())).metadata()
+    for key, value in meta.items():
+        assert key in engine_meta, key
+        assert engine_meta[key] == value, key
+    tk = Tokenizer.from_metadata(engine_meta)
+    bad = _mismatches(tk, fixture_data["cases"])
+    assert not bad, "\n".join(bad[:5])
