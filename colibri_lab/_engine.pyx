@@ -410,6 +410,8 @@ cdef class Engine:
         p.n_batch = n_batch
         p.n_chunk = n_chunk
         p.simd = _simd_level(simd)
+        if p.simd > cb_simd_detect():
+            raise errors.InvalidRequestError(f"SIMD level {simd!r} is not available on this CPU (it has {simd_available()})")
         p.prefix_reuse = 1 if prefix_reuse else 0
         with nogil:
             rc = cb_engine_new(model.ptr, &p, &self.ptr, err, ERR_LEN)

@@ -24,9 +24,12 @@ test_tolerances_admit_q8_activations):
     GQA head mapping all move logits by >= 0.5).  An engine with float
     activations lands near 1e-6 here too; the exact kernel arithmetic is
     pinned down by the C kernel tests, not by these end-to-end ones.
+    (Measured, scalar engine: F32/F16/BF16 <= 8.3e-7; Q8_0 3.1e-2, Q4_0
+    2.8e-2, Q4_1 3.0e-2 — the engine rounds activations to 8 bits.)
   - argmax: identical on every row, except where the reference's top two
     are within TIE * max|ref| (float types 1e-3; quantized types 5e-2,
-    2.4x the largest gap at which the emulated Q8 activations flipped one).
+    2.4x the largest gap at which the emulated Q8 activations flipped one,
+    2x the largest at which the scalar engine did).
 """
 from __future__ import annotations
 
@@ -275,7 +278,6 @@ def test_tolerances_can_fail(make_tiny):
         L["attn_output"] = L["attn_output"].reshape(-1, nh, hd)[:, sigma].reshape(-1, nh * hd)
     errs["GQA mapping j % n_head_kv"] = rel_err(ref.logits(toks), good)
     for name, e in errs.items():
-        print(f"{name}: {e:.3e}")
         assert e > 5 * TOL_QUANT, f"{name}: only {e:.3e}"
 
 
@@ -378,22 +380,62 @@ def test_engine_info(make_tiny, tied):
 
 # ---------------------------------------------------------------- real model
 
-@pytest.mark.smollm2
-def test_smollm2_matches_reference(smollm2_path):
-    """SmolLM2-135M (Q4_1, tied Q8_0 embedding): engine vs the reference in
-    float32 on a short prompt, scalar and the best SIMD level.  30 layers
-    compound activation rounding more than 2: tolerance 2 * TOL_QUANT, and
-    the argmax must agree where the reference's top two are 0.1 apart."""
-    from colibri_lab import _engine
-    ref = LlamaRef.from_gguf(smollm2_path, dtype=np.float32)
+SMOLLM2_PROMPT = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                  "<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    """(engine Model, float32 reference, tokenizer, prompt ids) for SmolLM2."""
+    from colibri_lab.tokenizer import Tokenizer
     m = load(smollm2_path)
-    assert m.info["n_layer"] == ref.n_layer == 30
-    assert m.info["n_vocab"] == ref.n_vocab
-    toks = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 198]  # arbitrary ids
-    ref_logits = ref.logits(toks)
-    for simd in ("scalar", "auto"):
-        e = _engine.Engine(m, n_slots=1, n_ctx=64, n_threads=2, simd=simd)
-        out = fwd(e, 0, toks, 0)
-        err = rel_err(out, ref_logits)
-        assert err <= 2 * TOL_QUANT, (simd, err)
-        assert not argmax_mismatches(out, ref_logits, 0.1), simd
+    ref = LlamaRef.from_gguf(smollm2_path, dtype=np.float32)
+    tok = Tokenizer.from_metadata(m.metadata())
+    ids = tok.encode(SMOLLM2_PROMPT, add_special=False)
+    assert len(ids) < 32, ids
+    return m, ref, tok, ids
+
+
+def greedy(step, ids, n):
+    """n greedy tokens; step(tokens, pos) -> logits rows."""
+    lg = step(ids, 0)
+    out, pos = [], len(ids)
+    for _ in range(n):
+        t = int(np.argmax(lg[-1]))
+        out.append(t)
+        lg = step([t], pos)
+        pos += 1
+    return out
+
+
+@pytest.mark.smollm2
+def test_smollm2_reference_answers(smollm2):
+    """The reference itself on a real model (an independent check of its
+    RoPE pairing, GQA mapping and norms): greedy decoding answers the
+    question."""
+    m, ref, tok, ids = smollm2
+    assert ref.n_layer == 30 and ref.n_head == 9 and ref.n_head_kv == 3 and ref.tied
+    cache = ref.new_cache(64)
+    text = tok.decode(greedy(lambda t, p: ref.forward(t, p, cache), ids, 7))
+    assert "Paris" in text, text
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("simd_level", ["scalar", "auto"])
+def test_smollm2_matches_reference(smollm2, simd_level):
+    """SmolLM2-135M (Q4_1, tied Q8_0 embedding): engine vs the float32
+    reference on a chat prompt.  30 layers compound activation rounding more
+    than 2 do (measured ~5e-2 for both the scalar engine and the Q8_0
+    emulation): tolerance 2 * TOL_QUANT, argmax equal where the reference's
+    top two are 0.1 apart; greedy decoding answers the question."""
+    from colibri_lab import _engine
+    m, ref, tok, ids = smollm2
+    assert m.info["n_layer"] == ref.n_layer and m.info["n_vocab"] == ref.n_vocab
+    e = _engine.Engine(m, n_slots=1, n_ctx=64, n_threads=2, simd=simd_level)
+    out = fwd(e, 0, ids, 0)
+    ref_logits = ref.logits(ids)
+    err = rel_err(out, ref_logits)
+    assert err <= 2 * TOL_QUANT, err
+    assert not argmax_mismatches(out, ref_logits, 0.1)
+    text = tok.decode(greedy(lambda t, p: fwd(e, 0, t, p), ids, 7))
+    assert "Paris" in text, text

@@ -162,6 +162,41 @@ void cb_engine_free(cb_engine *engine);  /* NULL is fine */
 /* Effective parameters after defaults were resolved. */
 void cb_engine_get_params(const cb_engine *engine, cb_engine_params *params);
 
+/* --- grammars --- */
+
+/* A GBNF grammar compiled against a model's vocabulary: immutable, shared by
+ * any number of requests (and engines over that model).  Compile once, reuse.
+ * Syntax as llama.cpp's GBNF; the start rule is `root`. */
+typedef struct cb_grammar cb_grammar;
+
+/* Compile `text` (len bytes, UTF-8).  Errors are CB_ERR_FORMAT with a message
+ * naming line and column ("line 3, column 14: expected ']'"), or
+ * CB_ERR_UNSUPPORTED.  The model must outlive the grammar. */
+int  cb_grammar_compile(const cb_model *model, const char *text, size_t len,
+                        cb_grammar **out, char *err, size_t err_len);
+void cb_grammar_free(cb_grammar *grammar);  /* NULL is fine */
+
+/* Per-request matcher state over a grammar (a pushdown automaton over bytes). */
+typedef struct cb_matcher cb_matcher;
+
+int  cb_matcher_new(const cb_grammar *grammar, cb_matcher **out);
+void cb_matcher_free(cb_matcher *m);  /* NULL is fine */
+/* Set bit t of mask (n_vocab bits, 32 per word) iff token t may come next.
+ * End-of-generation tokens are allowed exactly when the grammar accepts;
+ * control tokens never otherwise.  Returns the number of allowed tokens
+ * (0 = dead end: the caller reports an error) or a negative status. */
+int  cb_matcher_fill_mask(cb_matcher *m, uint32_t *mask);
+/* Advance by one token; CB_ERR_ARG (state unchanged) if it is not allowed. */
+int  cb_matcher_accept(cb_matcher *m, int token);
+/* Undo the last n accepted tokens (speculative rollback); CB_ERR_ARG if n is
+ * more than were accepted. */
+int  cb_matcher_rollback(cb_matcher *m, int n);
+/* 1 if the input so far is a complete sentence of the grammar. */
+int  cb_matcher_is_accepting(const cb_matcher *m);
+/* Bytes the grammar forces next (the unique continuation, up to a branch or
+ * the end), at most cap; returns the length (0 = no forced bytes). */
+int  cb_matcher_forced_bytes(const cb_matcher *m, uint8_t *out, int cap);
+
 /* --- sampling --- */
 
 #define CB_MAX_LOGPROBS 20
@@ -196,6 +231,7 @@ typedef struct {
     size_t   stop_len[CB_MAX_STOP];
     int      return_logits;      /* 1: token events carry the full logits row           */
     int      copy_prefix;        /* 1: may copy a longer matching prefix from another slot */
+    const cb_grammar *grammar;   /* nullable; output constrained to it (not owned; must outlive the request) */
     cb_sampling_params sampling;
 } cb_request_params;
 

@@ -62,7 +62,7 @@ static void set_err(char *err, size_t err_len, const char *fmt, ...)
 
 /* A name from the file, made safe to print: at most 80 bytes, non-printable
  * bytes replaced by '?', so messages stay ASCII (Python decodes them) and short. */
-typedef struct { char s[96]; } safe_name;
+typedef struct { char s[96]; /* NUL-terminated, <= 83 chars + NUL */ } safe_name;
 
 static safe_name show(const char *p, uint64_t len)
 {
@@ -107,7 +107,12 @@ static unsigned kv_scalar_size(uint32_t t)
  * that uses some other real GGML type (K-quants, IQ types, ...) be told apart
  * from garbage: it gets CB_ERR_UNSUPPORTED naming the type rather than a
  * format error.  Values as in gguf-py's GGML_QUANT_SIZES. */
-typedef struct { uint32_t id; const char *name; uint32_t block; uint32_t bytes; } ggml_type_info;
+typedef struct {
+    uint32_t    id;     /* GGML type id as stored in the tensor info */
+    const char *name;   /* ggml's name, for messages */
+    uint32_t    block;  /* elements per block */
+    uint32_t    bytes;  /* bytes per block */
+} ggml_type_info;
 static const ggml_type_info ggml_types[] = {
     {0, "F32", 1, 4},        {1, "F16", 1, 2},          {2, "Q4_0", 32, 18},
     {3, "Q4_1", 32, 20},     {6, "Q5_0", 32, 22},       {7, "Q5_1", 32, 24},
@@ -330,7 +335,12 @@ static int find_dup(const cb_gguf_str **ptrs, uint64_t n, const cb_gguf_str **du
     return 0;
 }
 
-typedef struct { uint64_t off, end; uint64_t idx; } span;
+/* A tensor's byte range in the data section, for the overlap check. */
+typedef struct {
+    uint64_t off;  /* first byte (relative to data_offset) */
+    uint64_t end;  /* one past the last byte */
+    uint64_t idx;  /* index into g->tensors */
+} span;
 static int cmp_span(const void *a, const void *b)
 {
     const span *x = a, *y = b;

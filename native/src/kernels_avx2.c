@@ -1,0 +1,271 @@
+/*
+ * kernels_avx2.c — AVX2 + FMA + F16C kernels (per-function target attributes,
+ * selected at run time).
+ *
+ * Quantized weights: one ymm holds one block of one output (32 bytes), the
+ * weight block is unpacked once per tile and reused for up to 4 activation
+ * rows.  Products use vpmaddubsw (unsigned x signed -> int16 pairs, no
+ * saturation possible for these ranges) then vpmaddwd with ones -> 8 int32:
+ *   Q4_1: nibbles 0..15 times x;
+ *   Q4_0 / Q8_0: signed weights through the sign trick |w| * sign(x, w)
+ *   (|w| <= 128, |x| <= 127: pair sums stay below 32767).
+ * Per (activation row r, output o), in this fixed order for every tiling:
+ *   for each block b:  acc[8] = fma(float(isum[8]) * dx_b, dw_b, acc[8])
+ *                      (Q4_1) m = fma_ss(mw_b, s_b, m)
+ *   y = hsum8(acc) + m,   hsum8 = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+ * Float weights: per (r, o) an 8-lane fma accumulator over the row in steps of
+ * 8 (tail through a zero-padded copy), hsum8.
+ */
+#include "kernels.h"
+#include "colibri.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <string.h>
+
+#define T2  __attribute__((target("avx2,fma,f16c")))
+#define INL __attribute__((always_inline)) inline
+
+T2 static INL float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+
+static inline uint16_t rd16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* --------------------------------------------------------- quantization */
+
+T2 static void quantize_q8_avx2(const float *x, cb_block_q8 *q, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / CB_QK; b++) {
+        const float *xb = x + b * CB_QK;
+        const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        /* Same scalar steps as the scalar path, so the bytes match it. */
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));  /* round to nearest even */
+        const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+        const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        /* packs interleave 128-bit lanes; the permute restores element order. */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)q[b].qs, p);
+        __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+        q[b].d = d;
+        q[b].s = d * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+
+/* ------------------------------------------------------ quantized matmul */
+
+/* R activation rows x 1 output row wr. */
+T2 static INL void q_tile(const int type, const int R, const uint8_t *wr, size_t bsz, int64_t nb,
+                          const cb_block_q8 *xr, float *y, int64_t ldy) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    __m256 acc[4];
+    __m128 macc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); macc[r] = _mm_setzero_ps(); }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + (size_t)b * bsz;
+        const __m256 D = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
+        __m256i W;  /* Q4_1: unsigned nibbles; else signed weights */
+        if (type == CB_TYPE_Q8_0) {
+            W = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        } else {
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + (type == CB_TYPE_Q4_1 ? 4 : 2)));
+            W = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
+            if (type == CB_TYPE_Q4_0) W = _mm256_sub_epi8(W, _mm256_set1_epi8(8));
+        }
+        const __m256i AW = type == CB_TYPE_Q4_1 ? W : _mm256_sign_epi8(W, W);  /* |w| */
+        __m128 M = _mm_setzero_ps();
+        if (type == CB_TYPE_Q4_1) M = _mm_set_ss(_cvtsh_ss(rd16(blk + 2)));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const cb_block_q8 *xb = xr + (int64_t)r * nb + b;
+            __m256i X = _mm256_loadu_si256((const __m256i *)xb->qs);
+            if (type != CB_TYPE_Q4_1) X = _mm256_sign_epi8(X, W);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(AW, X), ones);
+            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xb->d));
+            acc[r] = _mm256_fmadd_ps(t, D, acc[r]);
+            if (type == CB_TYPE_Q4_1) macc[r] = _mm_fmadd_ss(M, _mm_set_ss(xb->s), macc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) y[r * ldy] = hsum8(acc[r]) + _mm_cvtss_f32(macc[r]);
+}
+
+T2 static INL void matmul_q(const int type, const cb_weight *w, const cb_block_q8 *xq,
+                            int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t nb = w->n_in / CB_QK;
+    const size_t bsz = cb_type_block_bytes(type);
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+        int r = 0;
+        for (; r + 4 <= n_rows; r += 4) q_tile(type, 4, wr, bsz, nb, xq + (int64_t)r * nb, y + r * ldy + o, ldy);
+        switch (n_rows - r) {
+        case 3: q_tile(type, 3, wr, bsz, nb, xq + (int64_t)r * nb, y + r * ldy + o, ldy); break;
+        case 2: q_tile(type, 2, wr, bsz, nb, xq + (int64_t)r * nb, y + r * ldy + o, ldy); break;
+        case 1: q_tile(type, 1, wr, bsz, nb, xq + (int64_t)r * nb, y + r * ldy + o, ldy); break;
+        default: break;
+        }
+    }
+}
+
+T2 static void matmul_q4_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                           int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_q(CB_TYPE_Q4_0, w, xq, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_q4_1(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                           int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_q(CB_TYPE_Q4_1, w, xq, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_q8_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                           int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_q(CB_TYPE_Q8_0, w, xq, n_rows, y, ldy, o0, o1);
+}
+
+/* ----------------------------------------------------------- float matmul */
+
+/* 8 weights from element i (n - i >= 8). */
+T2 static INL __m256 load_wf(int type, const uint8_t *p, int64_t i) {
+    if (type == CB_TYPE_F32) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (type == CB_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  /* bf16 */
+}
+
+/* R rows x 2 outputs (wp[1] may duplicate wp[0]). */
+T2 static INL void f_tile(const int type, const int R, const uint8_t *const wp[2], int64_t n,
+                          const float *xr, float *y, int64_t ldy, int no) {
+    const size_t esz = type == CB_TYPE_F32 ? 4 : 2;
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) { acc[r][0] = _mm256_setzero_ps(); acc[r][1] = _mm256_setzero_ps(); }
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 W0 = load_wf(type, wp[0], i), W1 = load_wf(type, wp[1], i);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m256 X = _mm256_loadu_ps(xr + r * n + i);
+            acc[r][0] = _mm256_fmadd_ps(W0, X, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(W1, X, acc[r][1]);
+        }
+    }
+    if (i < n) {  /* tail: zero-padded copies, same fma per lane */
+        _Alignas(32) uint8_t wb[2][32];
+        memset(wb, 0, sizeof(wb));
+        memcpy(wb[0], wp[0] + (size_t)i * esz, (size_t)(n - i) * esz);
+        memcpy(wb[1], wp[1] + (size_t)i * esz, (size_t)(n - i) * esz);
+        const __m256 W0 = load_wf(type, wb[0], 0), W1 = load_wf(type, wb[1], 0);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            _Alignas(32) float xb[8] = {0};
+            memcpy(xb, xr + r * n + i, (size_t)(n - i) * sizeof(float));
+            const __m256 X = _mm256_load_ps(xb);
+            acc[r][0] = _mm256_fmadd_ps(W0, X, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(W1, X, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < no; j++) y[r * ldy + j] = hsum8(acc[r][j]);
+}
+
+T2 static INL void matmul_f(const int type, const cb_weight *w, const float *xf, int n_rows,
+                            float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t n = w->n_in;
+    for (int64_t o = o0; o < o1; o += 2) {
+        const int no = o1 - o < 2 ? 1 : 2;
+        const uint8_t *wp[2];
+        wp[0] = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+        wp[1] = (const uint8_t *)w->data + (size_t)(o + no - 1) * w->row_bytes;
+        int r = 0;
+        for (; r + 4 <= n_rows; r += 4) f_tile(type, 4, wp, n, xf + r * n, y + r * ldy + o, ldy, no);
+        switch (n_rows - r) {
+        case 3: f_tile(type, 3, wp, n, xf + r * n, y + r * ldy + o, ldy, no); break;
+        case 2: f_tile(type, 2, wp, n, xf + r * n, y + r * ldy + o, ldy, no); break;
+        case 1: f_tile(type, 1, wp, n, xf + r * n, y + r * ldy + o, ldy, no); break;
+        default: break;
+        }
+    }
+}
+
+T2 static void matmul_f32(const cb_weight *w, const float *xf, int n_rows, float *y,
+                          int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_f(CB_TYPE_F32, w, xf, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_f16(const cb_weight *w, const float *xf, int n_rows, float *y,
+                          int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_f(CB_TYPE_F16, w, xf, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_bf16(const cb_weight *w, const float *xf, int n_rows, float *y,
+                           int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_f(CB_TYPE_BF16, w, xf, n_rows, y, ldy, o0, o1);
+}
+
+static void matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, const float *xf,
+                             int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    switch (w->type) {
+    case CB_TYPE_Q4_0: matmul_q4_0(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q4_1: matmul_q4_1(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q8_0: matmul_q8_0(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_F32:  matmul_f32(w, xf, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_F16:  matmul_f16(w, xf, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_BF16: matmul_bf16(w, xf, n_rows, y, ldy, o0, o1); break;
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------ float helpers */
+
+T2 static float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    if (i < n) {
+        _Alignas(32) float ta[8] = {0}, tb[8] = {0};
+        memcpy(ta, a + i, (size_t)(n - i) * sizeof(float));
+        memcpy(tb, b + i, (size_t)(n - i) * sizeof(float));
+        acc = _mm256_fmadd_ps(_mm256_load_ps(ta), _mm256_load_ps(tb), acc);
+    }
+    return hsum8(acc);
+}
+
+T2 static void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    /* Tail with the same fused operation per element as the vector body. */
+    for (; i < n; i++) y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
+}
+
+static const cb_kernels table = {
+    CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, dot_f32_avx2, axpy_f32_avx2
+};
+
+const cb_kernels *cb_kernels_avx2_table(void);
+const cb_kernels *cb_kernels_avx2_table(void) { return &table; }
+
+#else  /* not x86 */
+
+const cb_kernels *cb_kernels_avx2_table(void);
+const cb_kernels *cb_kernels_avx2_table(void) { return 0; }
+
+#endif
