@@ -5,7 +5,7 @@ Owns the C handles and converts between C structs and Python values; no
 policy lives here.  Every forward runs with the GIL released.  An Engine keeps
 its Model alive; __dealloc__ is safe on a half-built or already-freed object.
 """
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
@@ -78,6 +78,20 @@ cdef extern from "colibri.h" nogil:
     void cb_engine_free(cb_engine *engine)
     void cb_engine_get_params(const cb_engine *engine, cb_engine_params *params)
 
+    ctypedef struct cb_grammar:
+        pass
+    ctypedef struct cb_matcher:
+        pass
+    int cb_grammar_compile(const cb_model *model, const char *text, size_t len, cb_grammar **out, char *err, size_t err_len)
+    void cb_grammar_free(cb_grammar *grammar)
+    int cb_matcher_new(const cb_grammar *grammar, cb_matcher **out)
+    void cb_matcher_free(cb_matcher *m)
+    int cb_matcher_fill_mask(cb_matcher *m, uint32_t *mask)
+    int cb_matcher_accept(cb_matcher *m, int token)
+    int cb_matcher_rollback(cb_matcher *m, int n)
+    int cb_matcher_is_accepting(const cb_matcher *m)
+    int cb_matcher_forced_bytes(const cb_matcher *m, uint8_t *out, int cap)
+
     ctypedef struct cb_sampling_params:
         float temperature
         int top_k
@@ -94,6 +108,7 @@ cdef extern from "colibri.h" nogil:
         const char *stop[8]
         size_t stop_len[8]
         int return_logits, copy_prefix
+        const cb_grammar *grammar
         cb_sampling_params sampling
     cb_request_params cb_request_default_params()
 
@@ -373,6 +388,89 @@ cdef class Model:
         return b"".join(parts)
 
 
+cdef class Grammar:
+    """A GBNF grammar compiled against a model's vocabulary; reusable across requests."""
+    cdef cb_grammar *ptr
+    cdef readonly Model model
+    cdef readonly str text
+
+    def __cinit__(self):
+        self.ptr = NULL
+
+    def __init__(self, Model model not None, str text):
+        model._check()
+        cdef bytes b = text.encode("utf-8")
+        cdef const char *p = b
+        cdef size_t n = len(b)
+        cdef char err[ERR_LEN]
+        cdef int rc
+        err[0] = 0
+        with nogil:
+            rc = cb_grammar_compile(model.ptr, p, n, &self.ptr, err, ERR_LEN)
+        if rc != CB_OK:
+            raise errors.GrammarError(_err_str(err) or cb_status_str(rc).decode())
+        self.model = model
+        self.text = text
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            cb_grammar_free(self.ptr)
+            self.ptr = NULL
+
+    def matcher(self):
+        return Matcher(self)
+
+
+cdef class Matcher:
+    """Per-sequence grammar state (for tests and tools; the engine keeps its own per request)."""
+    cdef cb_matcher *ptr
+    cdef readonly Grammar grammar
+    cdef int n_vocab
+
+    def __cinit__(self):
+        self.ptr = NULL
+
+    def __init__(self, Grammar grammar not None):
+        rc = cb_matcher_new(grammar.ptr, &self.ptr)
+        if rc != CB_OK:
+            _raise(rc, "could not create a grammar matcher")
+        self.grammar = grammar
+        self.n_vocab = grammar.model.n_vocab
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            cb_matcher_free(self.ptr)
+            self.ptr = NULL
+
+    def fill_mask(self):
+        """Boolean array [n_vocab]: True where the token may come next."""
+        cdef cnp.ndarray[cnp.uint32_t, ndim=1] words = np.zeros((self.n_vocab + 31) // 32, dtype=np.uint32)
+        rc = cb_matcher_fill_mask(self.ptr, <uint32_t *>cnp.PyArray_DATA(words))
+        if rc < 0:
+            _raise(rc, "fill_mask failed")
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+        return bits[:self.n_vocab].astype(bool)
+
+    def accept(self, int token):
+        rc = cb_matcher_accept(self.ptr, token)
+        if rc != CB_OK:
+            raise errors.InvalidRequestError(f"token {token} is not allowed by the grammar here")
+
+    def rollback(self, int n):
+        rc = cb_matcher_rollback(self.ptr, n)
+        if rc != CB_OK:
+            raise errors.InvalidRequestError(f"cannot roll back {n} tokens")
+
+    @property
+    def is_accepting(self):
+        return bool(cb_matcher_is_accepting(self.ptr))
+
+    def forced_bytes(self, int cap=4096):
+        cdef cnp.ndarray[cnp.uint8_t, ndim=1] buf = np.zeros(max(cap, 1), dtype=np.uint8)
+        cdef int n = cb_matcher_forced_bytes(self.ptr, <uint8_t *>cnp.PyArray_DATA(buf), cap)
+        return buf[:max(n, 0)].tobytes()
+
+
 cdef dict _metrics_dict(const cb_request_metrics *m):
     return dict(
         prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens, completion_tokens=m.completion_tokens,
@@ -391,10 +489,12 @@ cdef class Engine:
     cdef readonly Model model
     cdef int n_vocab
     cdef bint in_step
+    cdef dict _keep   # request id -> objects C points into (grammars) until the request ends
 
     def __cinit__(self):
         self.ptr = NULL
         self.events = NULL
+        self._keep = {}
         self.in_step = False
 
     def __init__(self, Model model not None, int n_slots=1, int n_ctx=0, int n_threads=0, int n_batch=0,
@@ -457,7 +557,7 @@ cdef class Engine:
                double top_p=1.0, double min_p=0.0, double repeat_penalty=1.0, int repeat_last_n=64,
                double presence_penalty=0.0, double frequency_penalty=0.0, seed=0, int n_logprobs=0,
                logit_bias=None, stop=None, bint ignore_eos=False, bint return_logits=False,
-               bint copy_prefix=False):
+               bint copy_prefix=False, Grammar grammar=None):
         """Queue a request; returns its id.  Bad parameters raise InvalidRequestError."""
         self._check()
         cdef cnp.ndarray[cnp.int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
@@ -483,6 +583,10 @@ cdef class Engine:
         r.ignore_eos = ignore_eos
         r.return_logits = return_logits
         r.copy_prefix = copy_prefix
+        if grammar is not None:
+            if grammar.model is not self.model:
+                raise errors.InvalidRequestError("the grammar was compiled for a different model")
+            r.grammar = grammar.ptr
         r.n_stop = len(stops)
         for i in range(len(stops)):
             r.stop[i] = <const char *>stops[i]
@@ -504,6 +608,8 @@ cdef class Engine:
         rc = cb_engine_submit(self.ptr, &r, &rid, err, ERR_LEN)
         if rc != CB_OK:
             _raise(rc, _err_str(err))
+        if grammar is not None:
+            self._keep[rid] = grammar
         return rid
 
     def cancel(self, int64_t request_id):
@@ -545,9 +651,11 @@ cdef class Engine:
                     d["logits"] = lg
             elif ev.type == CB_EVENT_DONE:
                 d = {"type": "done", "id": ev.id, "metrics": _metrics_dict(&ev.metrics)}
+                self._keep.pop(ev.id, None)
             else:
                 d = {"type": "error", "id": ev.id, "status": ev.status,
                      "message": ev.message.decode("utf-8", "replace")}
+                self._keep.pop(ev.id, None)
             out.append(d)
         return out
 

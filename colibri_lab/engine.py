@@ -10,7 +10,9 @@ and generate or stream text through the scheduler.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -23,7 +25,7 @@ from colibri_lab.tokenizer import Tokenizer
 _SAMPLING_KEYS = {
     "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
     "presence_penalty", "frequency_penalty", "seed", "logit_bias", "ignore_eos",
-    "return_logits", "copy_prefix", "slot",
+    "return_logits", "copy_prefix", "slot", "grammar",
 }
 
 
@@ -63,6 +65,10 @@ class _Utf8Stream:
     def feed(self, data: bytes) -> str:
         self.buf += data
         end = len(self.buf) - self._held_back()
+        for s in self.stops:  # a stop string completed by this token: never show it
+            i = self.buf.find(s, max(0, self.emitted - len(s) + 1))
+            if i >= 0:
+                end = min(end, i)
         return self._take(end)
 
     def finish(self, stop_offset: int) -> str:
@@ -113,6 +119,8 @@ class Engine:
                                    prefix_reuse=prefix_reuse)
         self.params = self.core.params
         self.scheduler = Scheduler(self.core, max_queue=max_queue)
+        self._grammars: collections.OrderedDict[str, _engine.Grammar] = collections.OrderedDict()
+        self._grammar_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -162,6 +170,34 @@ class Engine:
         lead = [m for m in messages[:2]]
         return hashlib.sha1(repr([(m.get("role"), m.get("content")) for m in lead]).encode()).hexdigest()[:16]
 
+    # -------------------------------------------------------------- grammar
+    def compile_grammar(self, gbnf: str) -> "_engine.Grammar":
+        """Compile GBNF text against this model's vocabulary (cached: compile once, reuse)."""
+        if not isinstance(gbnf, str) or not gbnf.strip():
+            raise InvalidRequestError("grammar must be a non-empty GBNF string")
+        with self._grammar_lock:
+            g = self._grammars.get(gbnf)
+            if g is not None:
+                self._grammars.move_to_end(gbnf)
+                return g
+        g = _engine.Grammar(self.model, gbnf)
+        with self._grammar_lock:
+            self._grammars[gbnf] = g
+            while len(self._grammars) > 64:
+                self._grammars.popitem(last=False)
+        return g
+
+    def _resolve_grammar(self, grammar, json_schema):
+        if grammar is not None and json_schema is not None:
+            raise InvalidRequestError("give either grammar or json_schema, not both")
+        if json_schema is not None:
+            from colibri_lab.schema import schema_to_gbnf
+
+            grammar = schema_to_gbnf(json_schema)
+        if grammar is None or isinstance(grammar, _engine.Grammar):
+            return grammar
+        return self.compile_grammar(grammar)
+
     # ------------------------------------------------------------ generation
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -172,8 +208,15 @@ class Engine:
         return ids
 
     def submit(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
-               conversation: str | None = None, **kw) -> tuple[list[int], RequestHandle, list[bytes]]:
-        """Queue a request; returns (prompt ids, handle, stop strings as bytes)."""
+               conversation: str | None = None, grammar=None, json_schema=None,
+               **kw) -> tuple[list[int], RequestHandle, list[bytes]]:
+        """Queue a request; returns (prompt ids, handle, stop strings as bytes).
+
+        grammar: GBNF text (or a compiled Grammar); json_schema: a JSON Schema dict.
+        Either constrains the output with a hard token mask."""
+        g = self._resolve_grammar(grammar, json_schema)
+        if g is not None:
+            kw["grammar"] = g
         unknown = set(kw) - _SAMPLING_KEYS
         if unknown:
             raise InvalidRequestError(f"unknown parameter(s): {', '.join(sorted(unknown))}")

@@ -22,6 +22,10 @@ class InvalidRequestError(ColibriError, ValueError):
     """A parameter out of range or of the wrong type."""
 
 
+class GrammarError(InvalidRequestError):
+    """A GBNF grammar or JSON schema that cannot be compiled (the message names line and column)."""
+
+
 class ContextLengthExceededError(InvalidRequestError):
     """The prompt plus completion does not fit in the context window."""
 

@@ -72,9 +72,9 @@ def test_stop_string_cuts_output(eng):
 
 def test_seed_reproduces_sampled_text(eng):
     kw = dict(max_tokens=24, temperature=0.9, top_p=0.95, top_k=50)
-    a = eng.generate("Write a sentence about the sea.", seed=42, **kw)
-    b = eng.generate("Write a sentence about the sea.", seed=42, **kw)
-    c = eng.generate("Write a sentence about the sea.", seed=43, **kw)
+    a = eng.generate("Once upon a time, in a village by the sea,", seed=42, **kw)
+    b = eng.generate("Once upon a time, in a village by the sea,", seed=42, **kw)
+    c = eng.generate("Once upon a time, in a village by the sea,", seed=43, **kw)
     assert a.tokens == b.tokens
     assert a.tokens != c.tokens
 

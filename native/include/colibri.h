@@ -262,7 +262,7 @@ typedef struct {
     double decode_tok_s;
     int    draft_n;
     int    draft_accepted;
-    double grammar_mask_us;
+    double grammar_mask_us;      /* mean time per grammar mask (0 without a grammar) */
     int    slot;
     int    finish_reason;        /* cb_finish */
     int    stop_offset;          /* STOP by string: byte offset in the output where the stop string starts; else -1 */

@@ -46,6 +46,9 @@ typedef struct {
     float   *bias_val;       /* owned */
     cb_rng   rng;
     cb_stopstr stop;
+    cb_matcher *matcher;     /* grammar state (owned), NULL without a grammar */
+    double   mask_us;        /* time spent computing grammar masks */
+    int      n_masks;        /* masks computed */
     int32_t  pending;        /* sampled token not yet fed through the model */
     double   t_submit, t_admit, t_prefill_done, t_first;
 } cb_request;
@@ -69,6 +72,8 @@ struct cb_engine {
     int64_t           next_id, next_seq;
     uint64_t          lru_clock;
     cb_sampler_scratch sampler;
+    uint32_t         *mask;        /* [ceil(n_vocab/32)] grammar mask of the row being sampled */
+    double            step_grammar_ms; /* grammar time in the current step */
     /* batch under construction, [n_batch] each */
     int32_t *b_tokens, *b_pos, *b_slot, *b_logit;
     int     *logit_req;            /* [n_logits] request index per logits row */
@@ -199,6 +204,8 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
         if (!e->slots[s].tokens) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
     }
     if ((rc = cb_sampler_scratch_init(&e->sampler, I->n_vocab))) { set_err(err, err_len, "out of memory"); goto fail; }
+    e->mask = calloc((size_t)(I->n_vocab + 31) / 32, sizeof(uint32_t));
+    if (!e->mask) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
     e->next_id = 1;
     *out = e;
     return CB_OK;
@@ -211,6 +218,7 @@ static void req_release(cb_request *r) {
     free(r->prompt);
     free(r->bias_tok);
     free(r->bias_val);
+    cb_matcher_free(r->matcher);
     cb_stopstr_free(&r->stop);
     memset(r, 0, sizeof *r);
 }
@@ -223,6 +231,7 @@ void cb_engine_free(cb_engine *e) {
     if (e->slots)
         for (int s = 0; s < e->params.n_slots; s++) free(e->slots[s].tokens);
     cb_sampler_scratch_free(&e->sampler);
+    free(e->mask);
     cb_ctx_free(&e->ctx);
     cb_pool_free(e->pool);
     free(e->slots); free(e->reqs); free(e->order); free(e->b_tokens); free(e->b_pos);
@@ -277,6 +286,11 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
     r->bias_tok = malloc((size_t)(nb ? nb : 1) * sizeof(int32_t));
     r->bias_val = malloc((size_t)(nb ? nb : 1) * sizeof(float));
     if (!r->prompt || !r->bias_tok || !r->bias_val) { req_release(r); set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
+    if (q->grammar && (rc = cb_matcher_new(q->grammar, &r->matcher)) != CB_OK) {
+        req_release(r);
+        set_err(err, err_len, "could not create a grammar matcher (%s)", cb_status_str(rc));
+        return rc;
+    }
     memcpy(r->prompt, q->tokens, (size_t)q->n_tokens * sizeof(int32_t));
     if (nb) {
         memcpy(r->bias_tok, q->sampling.logit_bias_tokens, (size_t)nb * sizeof(int32_t));
@@ -360,6 +374,7 @@ static void finish(cb_engine *e, int idx, int reason, int stop_offset) {
     M->slot = r->state == RQ_QUEUED ? -1 : r->slot;
     M->finish_reason = reason;
     M->stop_offset = stop_offset;
+    M->grammar_mask_us = r->n_masks ? r->mask_us / r->n_masks : 0;
     if (r->state == RQ_PREFILL || r->state == RQ_DECODE) {
         cb_slot *s = &e->slots[r->slot];
         s->req = -1;
@@ -483,11 +498,35 @@ static void sample_row(cb_engine *e, int idx, int lr) {
     cb_slot *sl = &e->slots[r->slot];
     const float *logits = e->ctx.logits + (size_t)lr * e->model->info.n_vocab;
     cb_sample_result res;
-    int rc = cb_sample(&r->sp, &r->rng, &e->sampler, logits, sl->tokens, sl->n_past, NULL, &res);
-    if (rc != CB_OK) { error_event(e, idx, rc, "sampling failed: every token is banned"); return; }
+    const uint32_t *mask = NULL;
+    if (r->matcher) {
+        double tg = now_ms();
+        int allowed = cb_matcher_fill_mask(r->matcher, e->mask);
+        double dt = now_ms() - tg;
+        r->mask_us += dt * 1e3;
+        r->n_masks++;
+        e->step_grammar_ms += dt;
+        if (allowed <= 0) {
+            error_event(e, idx, allowed < 0 ? allowed : CB_ERR_ARG,
+                        "grammar dead end: no token can continue the output (%d tokens generated)", r->n_gen);
+            return;
+        }
+        mask = e->mask;
+    }
+    int rc = cb_sample(&r->sp, &r->rng, &e->sampler, logits, sl->tokens, sl->n_past, mask, &res);
+    if (rc != CB_OK) {
+        error_event(e, idx, rc, mask ? "sampling failed: every token the grammar allows is banned by logit_bias"
+                                     : "sampling failed: every token is banned by logit_bias");
+        return;
+    }
     double t = now_ms();
     if (r->n_gen == 0) r->t_first = t;
-    if (!r->ignore_eos && cb_model_token_is_eog(e->model, res.token)) { finish(e, idx, CB_FINISH_STOP, -1); return; }
+    int eog = cb_model_token_is_eog(e->model, res.token);
+    if (eog && (!r->ignore_eos || r->matcher)) { finish(e, idx, CB_FINISH_STOP, -1); return; }
+    if (r->matcher && cb_matcher_accept(r->matcher, res.token) != CB_OK) {
+        error_event(e, idx, CB_ERR_ARG, "internal error: sampled token %d is not accepted by the grammar", res.token);
+        return;
+    }
     cb_event *ev = push_event(e, CB_EVENT_TOKEN, r);
     ev->token = res.token;
     ev->logprob = res.logprob;
@@ -517,6 +556,7 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     double t0 = now_ms();
     cb_ctx *c = &e->ctx;
     double m0 = c->t_matmul, a0 = c->t_attention, h0 = c->t_lm_head;
+    e->step_grammar_ms = 0;
 
     /* 1. cancellations */
     for (int i = 0; i < CB_MAX_REQUESTS; i++)
@@ -599,8 +639,8 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     S->matmul_ms = c->t_matmul - m0;
     S->attention_ms = c->t_attention - a0;
     S->lm_head_ms = c->t_lm_head - h0;
-    S->sampling_ms = t1 - ts;
-    S->grammar_ms = 0;
+    S->sampling_ms = t1 - ts - e->step_grammar_ms;
+    S->grammar_ms = e->step_grammar_ms;
     S->draft_ms = 0;
     S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms;
     return drained + drain(e, events, max_events);

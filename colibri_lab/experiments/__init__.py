@@ -1,0 +1,35 @@
+"""Experiments API: workloads, variants, a runner that A/B-tests them, results
+as tidy DataFrames with provenance, and paired statistics.
+
+    from colibri_lab.experiments import ExperimentSpec, Variant, run, summary_table
+    spec = ExperimentSpec("tour", workload="shared_prefix", workload_n=6, repeats=2,
+                          engine={"n_threads": 2, "n_slots": 2}, request={"max_tokens": 16},
+                          variants=[Variant("reuse-off", engine={"prefix_reuse": False}),
+                                    Variant("reuse-on", engine={"prefix_reuse": True})],
+                          lossless=True)
+    res = run(spec)
+    summary_table(res)
+
+or from a TOML file: run_spec("experiments/tour.toml").
+"""
+from colibri_lab.experiments.results import Results, latest_results, load_results  # noqa: F401
+from colibri_lab.experiments.runner import Runner, block_order, run, run_spec, tokens_hash  # noqa: F401
+from colibri_lab.experiments.spec import (  # noqa: F401
+    ExperimentSpec,
+    Variant,
+    load_spec,
+    small_mode,
+    spec_from_dict,
+    sweep,
+)
+from colibri_lab.experiments.stats import (  # noqa: F401
+    block_throughput,
+    bootstrap_ci,
+    compare,
+    earns_its_keep,
+    hit_ratio,
+    output_equality,
+    summarize,
+    summary_table,
+)
+from colibri_lab.experiments.workloads import BUILTIN, Arrival, Item, Workload, load_workload  # noqa: F401

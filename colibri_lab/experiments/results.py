@@ -1,0 +1,259 @@
+"""Results: a tidy per-request DataFrame, a per-step DataFrame and the run's
+metadata; saved as CSV + JSON (no heavy dependencies) and loaded back equal.
+
+Layout of a saved run (experiments/results/<name>/<timestamp>/):
+    requests.csv   one row per request
+    steps.csv      one row per engine step (slices of scheduler.step_log)
+    meta.json      metadata + the column dtypes, so that load_results()
+                   restores exactly the frames that were saved
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# Leading columns of the request table, in this order; metric columns follow.
+ID_COLUMNS = ["experiment", "variant", "repeat", "block", "workload", "item_index", "prompt_id", "group", "turn",
+              "n_turns", "seed", "concurrency", "arrival", "client", "t_release_s", "t_submit_s", "t_done_s",
+              "client_ms"]
+METRIC_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms", "ttft_ms", "prefill_ms",
+                  "decode_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "draft_n", "draft_accepted", "accept_rate",
+                  "accept_len_mean", "grammar_mask_us", "finish_reason", "slot"]
+TAIL_COLUMNS = ["prompt_hash", "output_hash", "output_tokens", "output_text", "error"]
+STEP_COLUMNS = ["experiment", "variant", "repeat", "block", "step", "rows_decode", "rows_prefill", "n_running",
+                "step_ms", "matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms",
+                "other_ms", "t_rel_s"]
+
+
+def _order(df: pd.DataFrame, lead: list[str], tail: list[str] = ()) -> pd.DataFrame:
+    first = [c for c in lead if c in df.columns]
+    last = [c for c in tail if c in df.columns and c not in first]
+    mid = [c for c in df.columns if c not in first and c not in last]
+    return df[first + mid + last]
+
+
+def _tidy(df: pd.DataFrame) -> pd.DataFrame:
+    """Make a frame CSV-stable: text columns hold str (never None / NaN)."""
+    df = df.reset_index(drop=True)
+    for c in df.columns:
+        if df[c].dtype == object:
+            df[c] = df[c].map(lambda x: "" if x is None or (isinstance(x, float) and np.isnan(x)) else str(x))
+    return df
+
+
+@dataclass
+class Results:
+    """What a run produced.  `requests`: one row per request; `steps`: one row
+    per engine step; `meta`: provenance (git, CPU, SIMD, model sha256, settings,
+    versions, blocks).  `path`: where it was saved or loaded from."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    @classmethod
+    def from_rows(cls, rows: list[dict], steps: list[dict], meta: dict) -> "Results":
+        req = pd.DataFrame(rows)
+        if len(req):
+            req = _order(req, ID_COLUMNS + METRIC_COLUMNS, TAIL_COLUMNS)
+        else:
+            req = pd.DataFrame(columns=ID_COLUMNS + METRIC_COLUMNS + TAIL_COLUMNS)
+        st = pd.DataFrame(steps)
+        st = _order(st, STEP_COLUMNS) if len(st) else pd.DataFrame(columns=STEP_COLUMNS)
+        return cls(_tidy(req), _tidy(st), meta)
+
+    @property
+    def name(self) -> str:
+        return self.meta.get("experiment", {}).get("name", "experiment")
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.meta.get("interrupted", False))
+
+    def __repr__(self) -> str:
+        nv = self.requests["variant"].nunique() if "variant" in self.requests else 0
+        return (f"Results({self.name!r}: {len(self.requests)} requests, {len(self.steps)} steps, {nv} variants"
+                f"{', interrupted' if self.interrupted else ''}{', at ' + str(self.path) if self.path else ''})")
+
+    def variant_settings(self) -> pd.DataFrame:
+        """One row per variant, its engine/request/arrival settings flattened to
+        columns "engine.n_slots", "request.max_tokens", ... (merge onto requests)."""
+        recs = []
+        for v in self.meta.get("variants", []):
+            rec = {"variant": v["name"]}
+            for grp in ("engine", "request", "arrival"):
+                for k, val in (v.get(grp) or {}).items():
+                    rec[f"{grp}.{k}"] = json.dumps(val) if isinstance(val, (dict, list)) else val
+            recs.append(rec)
+        return pd.DataFrame(recs)
+
+    # ------------------------------------------------------------- storage
+    def save(self, path: str | os.PathLike | None = None, root: str | os.PathLike | None = None) -> Path:
+        """Write requests.csv, steps.csv and meta.json into `path`, or into
+        <root>/<name>/<timestamp>/ (root default: ./experiments/results)."""
+        if path is None:
+            root = Path(root) if root is not None else Path("experiments") / "results"
+            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            path = root / self.name / stamp
+            n = 1
+            while path.exists():
+                path = root / self.name / f"{stamp}-{n}"
+                n += 1
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        meta = dict(self.meta)
+        meta["dtypes"] = {"requests": {c: str(t) for c, t in self.requests.dtypes.items()},
+                          "steps": {c: str(t) for c, t in self.steps.dtypes.items()}}
+        self.requests.to_csv(path / "requests.csv", index=False)
+        self.steps.to_csv(path / "steps.csv", index=False)
+        with open(path / "meta.json", "w") as f:
+            json.dump(meta, f, indent=1, default=_json_default)
+            f.write("\n")
+        self.path = path
+        return path
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (Path,)):
+        return str(o)
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return repr(o)
+
+
+def _read_frame(p: Path, dtypes: dict[str, str]) -> pd.DataFrame:
+    text_cols = [c for c, t in dtypes.items() if t in ("object", "str", "string")]
+    na = {c: [""] for c in dtypes if c not in text_cols}
+    df = pd.read_csv(p, dtype={c: str for c in text_cols}, keep_default_na=False, na_values=na,
+                     float_precision="round_trip")
+    for c, t in dtypes.items():
+        if c in df.columns and str(df[c].dtype) != t:
+            df[c] = df[c].astype(t)
+    return df[[c for c in dtypes if c in df.columns]]
+
+
+def load_results(path: str | os.PathLike) -> Results:
+    """Load a run saved by Results.save (the folder holding meta.json)."""
+    p = Path(path)
+    with open(p / "meta.json") as f:
+        meta = json.load(f)
+    dtypes = meta.pop("dtypes", {})
+    req = _read_frame(p / "requests.csv", dtypes.get("requests", {}))
+    st = _read_frame(p / "steps.csv", dtypes.get("steps", {}))
+    return Results(req, st, meta, path=p)
+
+
+def latest_results(name: str, root: str | os.PathLike = Path("experiments") / "results") -> Results:
+    """The most recent saved run of experiment `name` under root."""
+    d = Path(root) / name
+    runs = sorted(x for x in d.iterdir() if (x / "meta.json").is_file()) if d.is_dir() else []
+    if not runs:
+        raise FileNotFoundError(f"no saved runs of {name!r} under {d}")
+    return load_results(runs[-1])
+
+
+# ------------------------------------------------------------ metadata
+def _git(*args: str) -> str:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except Exception:
+        return ""
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256_cached(path: str, size: int, mtime: float) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path) -> str:
+    """sha256 of a file (cached per path, size and mtime)."""
+    st = os.stat(path)
+    return _sha256_cached(os.fspath(path), st.st_size, st.st_mtime)
+
+
+def engine_metadata(eng) -> dict:
+    """What an engine was: its actual params, the model file and its sha256."""
+    d: dict[str, Any] = {}
+    try:
+        d["params"] = dict(eng.params)
+    except Exception:
+        pass
+    path = getattr(eng, "model_path", None)
+    if path is not None:
+        d["model_path"] = str(path)
+        try:
+            d["model_sha256"] = file_sha256(path)
+        except OSError:
+            d["model_sha256"] = ""
+    info = getattr(eng, "info", None)
+    if isinstance(info, dict):
+        d["model_info"] = {k: info[k] for k in ("arch", "n_params", "n_layer", "n_embd", "n_vocab", "file_type")
+                           if k in info}
+    return d
+
+
+def collect_metadata(spec, variants, engines: dict) -> dict:
+    """Provenance of a run: experiment spec, resolved variants, engines, git,
+    machine, SIMD path, versions and date."""
+    simd = {}
+    try:
+        from colibri_lab import _engine
+
+        simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available())}
+    except Exception as exc:  # the extension may be missing when only analysing
+        simd = {"error": str(exc)}
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "experiment": spec.as_dict(),
+        "variants": [v.as_dict() for v in variants],
+        "engines": engines,
+        "git": {"commit": _git("rev-parse", "HEAD"), "dirty": bool(status)},
+        "machine": {"cpu": cpu_model(), "n_cpus": os.cpu_count(), "platform": platform.platform(),
+                    "simd": simd},
+        "versions": {"python": sys.version.split()[0], "numpy": np.__version__, "pandas": pd.__version__,
+                     "colibri_lab": _pkg_version()},
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _pkg_version() -> str:
+    try:
+        import colibri_lab
+
+        return colibri_lab.__version__
+    except Exception:
+        return ""

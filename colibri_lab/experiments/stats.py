@@ -1,0 +1,236 @@
+"""Statistics for A/B runs on a noisy machine.
+
+Never a single absolute time: compare variant B with baseline A by the ratio
+B/A of paired requests (same repeat, prompt, turn and seed), with a seeded
+bootstrap confidence interval.  A variant *earns its keep* on a metric only if
+the whole interval lies on the good side of 1 (below 1 for latencies, above 1
+for throughputs and hit rates).  Lossless variants are also checked for equal
+outputs, pair by pair.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+PAIR_KEYS = ("repeat", "prompt_id", "turn", "seed")
+
+# Which way is better for each metric ("lower" or "higher").  Unknown metrics
+# ending in _ms/_us are latencies (lower); others must be given explicitly.
+DIRECTION = {
+    "queue_ms": "lower", "ttft_ms": "lower", "prefill_ms": "lower", "decode_ms": "lower", "e2e_ms": "lower",
+    "tpot_ms": "lower", "client_ms": "lower", "grammar_mask_us": "lower", "step_ms": "lower",
+    "decode_tok_s": "higher", "throughput_tok_s": "higher", "accept_rate": "higher",
+    "accept_len_mean": "higher", "cached_tokens": "higher", "hit_ratio": "higher",
+}
+
+
+def direction(metric: str) -> str:
+    if metric in DIRECTION:
+        return DIRECTION[metric]
+    if metric.endswith(("_ms", "_us", "_s")) and not metric.endswith("tok_s"):
+        return "lower"
+    if metric.endswith("tok_s"):
+        return "higher"
+    raise ValueError(f"no known direction for metric {metric!r}; pass direction='lower' or 'higher'")
+
+
+def p99(x) -> float:
+    x = np.asarray(x, dtype=float)
+    x = x[~np.isnan(x)]
+    return float(np.percentile(x, 99)) if len(x) else float("nan")
+
+
+def summarize(df: pd.DataFrame, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_ms", "decode_tok_s"),
+              by: str | Sequence[str] = "variant") -> pd.DataFrame:
+    """n, median, mean and p99 of each metric per group (columns metric_median, ...)."""
+    by = [by] if isinstance(by, str) else list(by)
+    out = []
+    for key, g in df.groupby(by, sort=False):
+        rec = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        rec["n"] = len(g)
+        for m in metrics:
+            x = pd.to_numeric(g[m], errors="coerce").dropna().to_numpy(float) if m in g else np.array([])
+            rec[f"{m}_median"] = float(np.median(x)) if len(x) else float("nan")
+            rec[f"{m}_mean"] = float(np.mean(x)) if len(x) else float("nan")
+            rec[f"{m}_p99"] = p99(x)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def pairs(df: pd.DataFrame, metric: str, a: str, b: str, on: Sequence[str] = PAIR_KEYS,
+          variant_col: str = "variant") -> pd.DataFrame:
+    """Rows of variant a and variant b matched on `on`; columns on..., a, b, ratio (b/a).
+    Requests with an error are left out."""
+    on = [c for c in on if c in df.columns]
+    d = df
+    if "error" in d.columns:
+        d = d[d["error"].fillna("") == ""]
+    da = d[d[variant_col] == a][on + [metric]].rename(columns={metric: "a"})
+    db = d[d[variant_col] == b][on + [metric]].rename(columns={metric: "b"})
+    if da.duplicated(on).any() or db.duplicated(on).any():
+        raise ValueError(f"pair keys {on} are not unique within a variant")
+    p = da.merge(db, on=on, how="inner")
+    p["a"] = p["a"].astype(float)
+    p["b"] = p["b"].astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p["ratio"] = p["b"] / p["a"]
+    return p
+
+
+def _estimate(r: np.ndarray, estimator: str, axis=None):
+    if estimator == "gmean":
+        return np.exp(np.mean(np.log(r), axis=axis))
+    if estimator == "median":
+        return np.median(r, axis=axis)
+    raise ValueError(f"estimator must be 'gmean' or 'median', got {estimator!r}")
+
+
+def bootstrap_ci(ratios, estimator: str = "gmean", n_boot: int = 2000, ci: float = 0.95,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """(estimate, low, high): the estimator over the ratios and its percentile
+    bootstrap interval at coverage `ci`, resampling pairs with a seeded rng."""
+    r = np.asarray(ratios, dtype=float)
+    r = r[np.isfinite(r) & (r > 0)]
+    if len(r) == 0:
+        return float("nan"), float("nan"), float("nan")
+    est = float(_estimate(r, estimator))
+    if len(r) == 1:
+        return est, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(r), size=(n_boot, len(r)))
+    boots = _estimate(r[idx], estimator, axis=1)
+    alpha = (1.0 - ci) / 2.0
+    lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
+    return est, float(lo), float(hi)
+
+
+def verdict(low: float, high: float, better: str) -> str:
+    """"win" if the interval excludes 1 on the good side, "loss" on the bad
+    side, otherwise "no clear difference" (also when the interval is unknown)."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "no clear difference"
+    if better == "lower":
+        return "win" if high < 1.0 else "loss" if low > 1.0 else "no clear difference"
+    if better == "higher":
+        return "win" if low > 1.0 else "loss" if high < 1.0 else "no clear difference"
+    raise ValueError("better must be 'lower' or 'higher'")
+
+
+def compare(df: pd.DataFrame, metric: str, baseline: str, variant: str, *, better: str | None = None,
+            estimator: str = "gmean", n_boot: int = 2000, ci: float = 0.95, seed: int = 0,
+            on: Sequence[str] = PAIR_KEYS) -> dict:
+    """Paired comparison of `variant` against `baseline` on one metric:
+    n pairs, medians and p99 of both, the ratio variant/baseline with its
+    bootstrap interval, and the verdict."""
+    better = better or direction(metric)
+    p = pairs(df, metric, baseline, variant, on=on)
+    ok = np.isfinite(p["ratio"]) & (p["ratio"] > 0)
+    est, lo, hi = bootstrap_ci(p.loc[ok, "ratio"], estimator=estimator, n_boot=n_boot, ci=ci, seed=seed)
+    return {"metric": metric, "baseline": baseline, "variant": variant, "n_pairs": int(ok.sum()),
+            "n_dropped": int((~ok).sum()),
+            "median_baseline": float(p["a"].median()) if len(p) else float("nan"),
+            "median_variant": float(p["b"].median()) if len(p) else float("nan"),
+            "p99_baseline": p99(p["a"]), "p99_variant": p99(p["b"]),
+            "ratio": est, "ci_low": lo, "ci_high": hi, "ci": ci, "estimator": estimator,
+            "better": better, "verdict": verdict(lo, hi, better)}
+
+
+def earns_its_keep(df: pd.DataFrame, metric: str, baseline: str, variant: str, **kw) -> bool:
+    """True only if `variant` beats `baseline` on `metric` with the interval excluding 1."""
+    return compare(df, metric, baseline, variant, **kw)["verdict"] == "win"
+
+
+def output_equality(df: pd.DataFrame, a: str, b: str, on: Sequence[str] = PAIR_KEYS,
+                    column: str = "output_hash") -> dict:
+    """Compare outputs of two variants pair by pair (same repeat, prompt, turn, seed).
+    Returns n_pairs, n_equal, all_equal and a `mismatches` DataFrame."""
+    on_ = [c for c in on if c in df.columns]
+    d = df[df["error"].fillna("") == ""] if "error" in df.columns else df
+    da = d[d["variant"] == a][on_ + [column]].rename(columns={column: f"{column}_{a}"})
+    db = d[d["variant"] == b][on_ + [column]].rename(columns={column: f"{column}_{b}"})
+    p = da.merge(db, on=on_, how="inner")
+    eq = (p[f"{column}_{a}"].astype(str) == p[f"{column}_{b}"].astype(str)).to_numpy()
+    mism = p[~eq]
+    return {"a": a, "b": b, "n_pairs": int(len(p)), "n_equal": int(eq.sum()),
+            "all_equal": bool(len(p) > 0 and eq.all()), "mismatches": mism.reset_index(drop=True)}
+
+
+# ------------------------------------------------------------ aggregates
+def block_throughput(df: pd.DataFrame, by: Sequence[str] = ("variant", "repeat")) -> pd.DataFrame:
+    """Aggregate output tokens per second of wall time for each block:
+    sum(completion_tokens) / (last reply - first submit)."""
+    by = [c for c in by if c in df.columns]
+    extra = [c for c in ("concurrency",) if c in df.columns and c not in by]
+    out = []
+    for key, g in df.groupby(by, sort=False):
+        span = float(g["t_done_s"].max() - g["t_submit_s"].min())
+        toks = float(g["completion_tokens"].sum())
+        rec = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        for c in extra:
+            rec[c] = g[c].iloc[0]
+        rec.update(n=len(g), completion_tokens=toks, wall_s=span,
+                   throughput_tok_s=toks / span if span > 0 else float("nan"))
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def hit_ratio(df: pd.DataFrame, by: str | Sequence[str] = "variant") -> pd.DataFrame:
+    """Prefix hit ratio per group: sum(cached_tokens) / sum(prompt_tokens)
+    (vLLM's prefix_cache_hits / prefix_cache_queries, counted in tokens)."""
+    by = [by] if isinstance(by, str) else list(by)
+    g = df.groupby(by, sort=True)[["cached_tokens", "prompt_tokens"]].sum().reset_index()
+    g["hit_ratio"] = g["cached_tokens"] / g["prompt_tokens"].where(g["prompt_tokens"] > 0)
+    return g
+
+
+def compare_blocks(df: pd.DataFrame, baseline: str, variant: str, metric: str = "throughput_tok_s",
+                   **kw) -> dict:
+    """Like compare() for block-level aggregates (throughput): blocks pair by repeat."""
+    bt = block_throughput(df)
+    bt["prompt_id"], bt["turn"], bt["seed"] = "block", 0, 0
+    return compare(bt, metric, baseline, variant, **kw)
+
+
+def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_ms"),
+                  primary: str = "e2e_ms", **kw) -> pd.DataFrame:
+    """One row per variant: requests, medians (and p99 of e2e), aggregate
+    throughput, prefix hit ratio, the paired ratio of `primary` against the
+    baseline with its interval and verdict, and output equality with the
+    baseline (for lossless experiments, every mismatch is a bug)."""
+    df = results.requests if hasattr(results, "requests") else results
+    meta = getattr(results, "meta", {}) or {}
+    if len(df) == 0:
+        return pd.DataFrame()
+    variants = list(dict.fromkeys(df["variant"]))
+    base = meta.get("experiment", {}).get("baseline") or variants[0]
+    if base not in variants:
+        base = variants[0]
+    s = summarize(df, metrics).set_index("variant")
+    bt = block_throughput(df).groupby("variant")["throughput_tok_s"].median()
+    hr = hit_ratio(df).set_index("variant")["hit_ratio"]
+    rows = []
+    for v in variants:
+        rec = {"variant": v, "n": int(s.loc[v, "n"])}
+        for m in metrics:
+            rec[f"{m} median"] = s.loc[v, f"{m}_median"]
+        if "e2e_ms" in metrics:
+            rec["e2e_ms p99"] = s.loc[v, "e2e_ms_p99"]
+        rec["tok/s (agg)"] = bt.get(v, float("nan"))
+        rec["hit ratio"] = hr.get(v, float("nan"))
+        if v != base:
+            c = compare(df, primary, base, v, **kw)
+            rec[f"{primary} ratio"] = c["ratio"]
+            rec["ci"] = f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
+            rec["verdict"] = c["verdict"]
+            rec["outputs equal"] = output_equality(df, base, v)["all_equal"]
+        else:
+            rec[f"{primary} ratio"] = 1.0
+            rec["ci"] = "baseline"
+            rec["verdict"] = ""
+            rec["outputs equal"] = True
+        if "errors" not in rec and "error" in df:
+            rec["errors"] = int((df.loc[df["variant"] == v, "error"].fillna("") != "").sum())
+        rows.append(rec)
+    return pd.DataFrame(rows).set_index("variant")

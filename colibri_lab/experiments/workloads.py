@@ -1,0 +1,206 @@
+"""Workloads: the prompts an experiment sends, shipped as small JSON files we
+wrote ourselves (colibri_lab/workloads/*.json), plus arrival patterns.
+
+A workload is a list of `Item`s.  Every item is a chat conversation: an
+optional system prompt and one or more user turns.  Turn t's prompt is the
+whole history (system, user turns 0..t, the model's own replies to turns
+0..t-1) rendered with the model's chat template, so multi-turn items exercise
+prefix reuse across turns exactly like a chat client does.
+
+    wl = load_workload("shared_prefix", n=6)
+    wl.items[0].system, wl.items[0].turns
+
+Arrivals decide when each item starts:
+  - closed loop: `concurrency` client threads, each starts its next item as
+    soon as its previous one finished (vLLM's --max-concurrency);
+  - Poisson: items start at exponential inter-arrival times of mean 1/rate
+    seconds, drawn from a seeded generator, whatever is still running.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+# Names of the workloads shipped in colibri_lab/workloads/.
+BUILTIN = ("shared_prefix", "multi_turn", "copy_edit", "json_extract", "open_chat")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One conversation of a workload."""
+
+    id: str                          # unique within the workload; the pairing key with the turn index
+    turns: tuple[str, ...]           # user messages, one per turn (a single-turn item has one)
+    system: str | None = None        # system prompt (None: the template's default)
+    group: str = ""                  # items sharing a prefix (e.g. the same system prompt) share a group
+    schema: dict | None = None       # JSON Schema of the expected answer (json_extract), for grammar variants
+    max_tokens: int | None = None    # per-item cap on output tokens (None: the variant's max_tokens)
+
+    def messages(self, turn: int, replies: Sequence[str]) -> list[dict]:
+        """Chat messages for `turn`, given the assistant's replies to the earlier turns."""
+        if not 0 <= turn < len(self.turns):
+            raise IndexError(f"item {self.id!r} has {len(self.turns)} turn(s), asked for turn {turn}")
+        if len(replies) < turn:
+            raise ValueError(f"turn {turn} needs {turn} earlier replies, got {len(replies)}")
+        msgs: list[dict] = []
+        if self.system:
+            msgs.append({"role": "system", "content": self.system})
+        for t in range(turn):
+            msgs.append({"role": "user", "content": self.turns[t]})
+            msgs.append({"role": "assistant", "content": replies[t]})
+        msgs.append({"role": "user", "content": self.turns[turn]})
+        return msgs
+
+
+@dataclass
+class Workload:
+    """A named list of items."""
+
+    name: str
+    items: list[Item]
+    description: str = ""
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def n_requests(self) -> int:
+        """Requests one pass over the workload sends (one per turn)."""
+        return sum(len(it.turns) for it in self.items)
+
+    def take(self, n: int | None = None, turns: int | None = None) -> "Workload":
+        """The first n items, each cut to at most `turns` turns (None: all)."""
+        items = self.items if n is None else self.items[:n]
+        if turns is not None:
+            if turns < 1:
+                raise ValueError("turns must be >= 1")
+            items = [_replace_turns(it, it.turns[:turns]) for it in items]
+        return Workload(self.name, list(items), self.description)
+
+
+def _replace_turns(it: Item, turns) -> Item:
+    return Item(id=it.id, turns=tuple(turns), system=it.system, group=it.group, schema=it.schema,
+                max_tokens=it.max_tokens)
+
+
+def workload_from_dict(d: dict) -> Workload:
+    """Build a Workload from its JSON form:
+    {"name", "description", "systems": {ref: text}, "items": [{"id", "turns", "system" | "system_ref",
+     "group", "schema", "max_tokens"}]}."""
+    if not isinstance(d, dict) or "items" not in d:
+        raise ValueError("a workload is an object with an 'items' list")
+    systems = d.get("systems") or {}
+    items, seen = [], set()
+    for i, raw in enumerate(d["items"]):
+        if not isinstance(raw, dict):
+            raise ValueError(f"item {i} is not an object")
+        iid = str(raw.get("id", i))
+        if iid in seen:
+            raise ValueError(f"duplicate item id {iid!r}")
+        seen.add(iid)
+        turns = raw.get("turns")
+        if isinstance(turns, str):
+            turns = [turns]
+        if not turns or not all(isinstance(t, str) and t for t in turns):
+            raise ValueError(f"item {iid!r} needs a non-empty list of non-empty 'turns'")
+        system = raw.get("system")
+        if raw.get("system_ref") is not None:
+            ref = raw["system_ref"]
+            if ref not in systems:
+                raise ValueError(f"item {iid!r}: unknown system_ref {ref!r}")
+            system = systems[ref]
+        items.append(Item(id=iid, turns=tuple(turns), system=system, group=str(raw.get("group", "")),
+                          schema=raw.get("schema"), max_tokens=raw.get("max_tokens")))
+    return Workload(str(d.get("name", "workload")), items, str(d.get("description", "")))
+
+
+def load_workload(name_or_path: str | Path | dict | Workload, n: int | None = None,
+                  turns: int | None = None) -> Workload:
+    """A built-in workload by name (see BUILTIN), a JSON / JSONL file, a dict,
+    or a Workload; optionally cut to n items and `turns` turns per item.
+
+    A JSONL file holds one item per line (name = file stem)."""
+    if isinstance(name_or_path, Workload):
+        wl = name_or_path
+    elif isinstance(name_or_path, dict):
+        wl = workload_from_dict(name_or_path)
+    else:
+        s = str(name_or_path)
+        if s in BUILTIN:
+            text = resources.files("colibri_lab").joinpath("workloads", s + ".json").read_text("utf-8")
+            wl = workload_from_dict(json.loads(text))
+        else:
+            p = Path(s)
+            if not p.is_file():
+                raise FileNotFoundError(f"no workload {s!r}: not one of {', '.join(BUILTIN)} and not a file")
+            text = p.read_text("utf-8")
+            if p.suffix == ".jsonl":
+                items = [json.loads(line) for line in text.splitlines() if line.strip()]
+                wl = workload_from_dict({"name": p.stem, "items": items})
+            else:
+                wl = workload_from_dict(json.loads(text))
+    return wl.take(n, turns)
+
+
+# ------------------------------------------------------------------ arrivals
+@dataclass(frozen=True)
+class Arrival:
+    """When items start.  kind "closed": `concurrency` clients back to back;
+    kind "poisson": start times with exponential gaps of mean 1/rate seconds,
+    drawn from numpy's default_rng(seed); concurrency still caps how many items
+    run at once (0 = no cap)."""
+
+    kind: str = "closed"          # "closed" | "poisson"
+    concurrency: int = 1          # client threads (closed) or cap on items in flight (poisson; 0 = none)
+    rate: float = 0.0             # items per second (poisson)
+    seed: int = 0                 # seed of the Poisson arrival times
+
+    def __post_init__(self):
+        if self.kind not in ("closed", "poisson"):
+            raise ValueError(f"arrival kind must be 'closed' or 'poisson', got {self.kind!r}")
+        if self.kind == "closed" and self.concurrency < 1:
+            raise ValueError("a closed loop needs concurrency >= 1")
+        if self.kind == "poisson" and not self.rate > 0:
+            raise ValueError("Poisson arrivals need rate > 0")
+        if self.concurrency < 0:
+            raise ValueError("concurrency must be >= 0")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Arrival":
+        d = dict(d or {})
+        unknown = set(d) - {"kind", "concurrency", "rate", "seed"}
+        if unknown:
+            raise ValueError(f"unknown arrival setting(s): {', '.join(sorted(unknown))}")
+        if "kind" not in d:
+            d["kind"] = "poisson" if d.get("rate") else "closed"
+        if d["kind"] == "poisson":
+            d.setdefault("concurrency", 0)
+        return cls(**d)
+
+    def start_times(self, n: int) -> np.ndarray:
+        """Offsets in seconds from the start of a block at which each of n items
+        is released (all zeros for a closed loop: clients pace themselves)."""
+        if self.kind == "closed":
+            return np.zeros(n)
+        rng = np.random.default_rng(self.seed)
+        return np.cumsum(rng.exponential(1.0 / self.rate, size=n)) - 0.0
+
+    def workers(self, n_items: int) -> int:
+        """Client threads to run n_items."""
+        if self.kind == "closed":
+            return max(1, min(self.concurrency, n_items))
+        return max(1, n_items if self.concurrency == 0 else min(self.concurrency, n_items))
+
+    def label(self) -> str:
+        if self.kind == "closed":
+            return f"closed c={self.concurrency}"
+        cap = f", cap {self.concurrency}" if self.concurrency else ""
+        return f"poisson {self.rate:g}/s{cap}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "concurrency": self.concurrency, "rate": self.rate, "seed": self.seed}

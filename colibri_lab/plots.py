@@ -1,0 +1,208 @@
+"""Plots of experiment results: pure functions DataFrame -> matplotlib Figure.
+
+No pyplot, no global state, no plt.show(): each function builds its own
+`matplotlib.figure.Figure` (displayed by Jupyter's inline backend, or saved
+with fig.savefig).  Pass `ax=` to draw into an existing Axes instead (the
+function then returns that Axes' figure).
+
+    fig = plots.latency_cdf(results.requests, "ttft_ms")
+    fig = plots.step_breakdown(results.steps)
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+PHASES = ("matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms", "other_ms")
+
+
+def _axes(ax=None, figsize=(6.4, 4.0)):
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _requests(df) -> pd.DataFrame:
+    return df.requests if hasattr(df, "requests") else df
+
+
+def _steps(df) -> pd.DataFrame:
+    return df.steps if hasattr(df, "steps") else df
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    if "error" in df.columns:
+        return df[df["error"].fillna("") == ""]
+    return df
+
+
+def _groups(df: pd.DataFrame, by: str | None):
+    if by is None or by not in df.columns:
+        return [("all", df)]
+    return [(k, g) for k, g in df.groupby(by, sort=False)]
+
+
+def latency_cdf(df, metric: str = "ttft_ms", by: str | None = "variant", ax=None, log: bool = False) -> Figure:
+    """Empirical CDF of a per-request latency metric, one line per group, with
+    the median marked."""
+    df = _ok(_requests(df))
+    fig, ax = _axes(ax)
+    for name, g in _groups(df, by):
+        x = np.sort(pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy(float))
+        if not len(x):
+            continue
+        y = np.arange(1, len(x) + 1) / len(x)
+        line, = ax.step(x, y, where="post", label=f"{name} (n={len(x)}, p50={np.median(x):.3g})")
+        ax.axvline(np.median(x), color=line.get_color(), lw=0.8, ls=":")
+    ax.set_xlabel(metric)
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1.02)
+    if log:
+        ax.set_xscale("log")
+    ax.set_title(f"{metric}: CDF")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    return fig
+
+
+def throughput_vs_concurrency(df, x: str = "concurrency", by: str | None = None, ax=None) -> Figure:
+    """Aggregate output tokens/s of each block (sum of completion tokens over
+    the block's wall time) against `x` (a column constant within a variant):
+    median over repeats with the min-max range as error bars; the median
+    per-request decode tok/s is drawn dashed.  `by` splits lines by another
+    per-variant column."""
+    from colibri_lab.experiments.stats import block_throughput
+
+    df = _ok(_requests(df))
+    fig, ax = _axes(ax)
+    bt = block_throughput(df, by=("variant", "repeat"))
+    cols = [c for c in dict.fromkeys([x, by]) if c and c in df.columns and c not in bt.columns]
+    if cols:
+        bt = bt.merge(df.groupby("variant", sort=False)[cols].first().reset_index(), on="variant")
+    for name, g in _groups(bt, by):
+        agg = g.groupby(x)["throughput_tok_s"].agg(["median", "min", "max"]).sort_index()
+        xs = agg.index.to_numpy(float)
+        ax.errorbar(xs, agg["median"], yerr=[agg["median"] - agg["min"], agg["max"] - agg["median"]],
+                    marker="o", capsize=3, label=f"aggregate {name}" if by else "aggregate")
+        rq = df[df["variant"].isin(g["variant"].unique())]
+        d = rq.groupby(x)["decode_tok_s"].median().sort_index()
+        ax.plot(d.index.to_numpy(float), d.to_numpy(), ls="--", marker=".",
+                label=f"per request {name}" if by else "per request (median)")
+    ax.set_xlabel(x)
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(f"Throughput vs {x}")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
+    """Draft acceptance rate by draft position (1 = first drafted token).
+
+    `df` is long-form: columns position, drafted, accepted [, variant] (counts
+    summed per position, as vLLM's spec_decode_num_accepted_tokens_per_pos)."""
+    fig, ax = _axes(ax)
+    need = {"position", "drafted", "accepted"}
+    if not need <= set(df.columns):
+        raise ValueError(f"acceptance_by_position needs columns {sorted(need)}, got {list(df.columns)}")
+    groups = _groups(df, by)
+    width = 0.8 / max(1, len(groups))
+    for i, (name, g) in enumerate(groups):
+        s = g.groupby("position")[["drafted", "accepted"]].sum().sort_index()
+        rate = s["accepted"] / s["drafted"].where(s["drafted"] > 0)
+        ax.bar(s.index.to_numpy(float) + (i - (len(groups) - 1) / 2) * width, rate.to_numpy(), width=width,
+               label=str(name))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Acceptance by draft position")
+    ax.grid(alpha=0.3, axis="y")
+    if by:
+        ax.legend(fontsize="small")
+    return fig
+
+
+def grammar_mask_per_token(df, by: str | None = "variant", ax=None) -> Figure:
+    """Distribution (CDF) of grammar mask time per generated token, in µs
+    (grammar_mask_us / completion_tokens per request)."""
+    df = _ok(_requests(df))
+    d = df[(df["completion_tokens"] > 0)].copy()
+    d["mask_us_per_token"] = d["grammar_mask_us"].astype(float) / d["completion_tokens"].astype(float)
+    fig = latency_cdf(d, "mask_us_per_token", by=by, ax=ax)
+    fig.axes[0].set_xlabel("grammar mask time per token (µs)")
+    fig.axes[0].set_title("Grammar mask cost per token")
+    return fig
+
+
+def prefix_hit_ratio_by_turn(df, by: str | None = "variant", ax=None) -> Figure:
+    """Prefix hit ratio (sum cached_tokens / sum prompt_tokens) per turn, grouped bars."""
+    from colibri_lab.experiments.stats import hit_ratio
+
+    df = _ok(_requests(df))
+    fig, ax = _axes(ax)
+    keys = [by, "turn"] if by and by in df.columns else ["turn"]
+    hr = hit_ratio(df, by=keys)
+    groups = _groups(hr, by if by in hr.columns else None)
+    width = 0.8 / max(1, len(groups))
+    for i, (name, g) in enumerate(groups):
+        ax.bar(g["turn"].to_numpy(float) + (i - (len(groups) - 1) / 2) * width, g["hit_ratio"].to_numpy(),
+               width=width, label=str(name))
+    ax.set_xlabel("turn")
+    ax.set_ylabel("prefix hit ratio (cached / prompt tokens)")
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(sorted(hr["turn"].unique()))
+    ax.set_title("Prefix hit ratio by turn")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def step_breakdown(steps, by: str = "variant", phases: Sequence[str] = PHASES, kind: str = "mean",
+                   ax=None) -> Figure:
+    """Stacked bars of per-step time by phase (matmul, attention, lm_head,
+    sampling, grammar, draft, other): mean (or total with kind="total") ms per
+    step for each group."""
+    st = _steps(steps)
+    fig, ax = _axes(ax)
+    phases = [p for p in phases if p in st.columns]
+    if by in st.columns:
+        g = st.groupby(by, sort=False)[phases]
+        agg = g.mean() if kind == "mean" else g.sum()
+    else:
+        agg = pd.DataFrame([st[phases].mean() if kind == "mean" else st[phases].sum()], index=["all"])
+    bottom = np.zeros(len(agg))
+    xs = np.arange(len(agg))
+    for p in phases:
+        vals = agg[p].to_numpy(float)
+        ax.bar(xs, vals, bottom=bottom, label=p.removesuffix("_ms"))
+        bottom += vals
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(i) for i in agg.index], rotation=20, ha="right")
+    ax.set_ylabel("ms per step" if kind == "mean" else "total ms")
+    ax.set_title("Step time by phase")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small", ncols=2)
+    return fig
+
+
+def ratio_forest(comparisons: pd.DataFrame | Sequence[dict], ax=None) -> Figure:
+    """Paired ratios with their confidence intervals (from stats.compare), one
+    line per comparison, with the no-change line at 1."""
+    c = pd.DataFrame(list(comparisons)) if not isinstance(comparisons, pd.DataFrame) else comparisons
+    fig, ax = _axes(ax, figsize=(6.4, 0.6 + 0.5 * max(1, len(c))))
+    ys = np.arange(len(c))[::-1]
+    lo = (c["ratio"] - c["ci_low"]).clip(lower=0)
+    hi = (c["ci_high"] - c["ratio"]).clip(lower=0)
+    ax.errorbar(c["ratio"], ys, xerr=[lo, hi], fmt="o", capsize=3)
+    ax.axvline(1.0, color="grey", ls="--")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{r.variant} / {r.baseline}: {r.metric} ({r.verdict})" for r in c.itertuples()])
+    ax.set_xlabel("ratio (variant / baseline)")
+    ax.set_title("Paired ratios with bootstrap intervals")
+    return fig

@@ -1,0 +1,586 @@
+"""The HTTP layer: a ThreadingHTTPServer, routing, security checks, JSON and
+SSE responses, and the programmatic `Server`.
+
+Security, in the order a request meets it: per-client-IP connection limit
+(429 at accept), Host header allowlist against DNS rebinding (403), Origin
+allowlist (403; CORS preflight answered only for configured origins), API key
+(401; Bearer or x-api-key, constant-time compare; /health answers a minimal
+public body without one), body size limit (413) and socket read timeouts.
+Errors use the OpenAI shape, or the Anthropic shape under /v1/messages.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import ipaddress
+import json
+import re
+import select
+import socket
+import sys
+import threading
+import time
+import traceback
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from . import anthropic_api, openai_api
+from .common import ApiError
+from .gen import ClientGone
+from .metrics import Metrics
+
+_RID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class ServerConfigError(ValueError):
+    """A configuration the server refuses to run with (e.g. public bind without a key)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+# ------------------------------------------------------------------ routing
+# path -> (method, handler(ctx, body_or_none), needs_engine)
+def _health(ctx, _):
+    ctx.health()
+
+
+def _metrics(ctx, _):
+    ctx.send_text(200, ctx.srv.render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
+
+
+def _profile(ctx, _):
+    eng = ctx.engine
+    steps = list(eng.scheduler.step_log) if eng is not None and eng.scheduler is not None else []
+    ctx.send_json(200, ctx.srv.metrics.profile(steps))
+
+
+def _experts(ctx, _):
+    info = ctx.engine.info if ctx.engine is not None else {}
+    n_expert = int(info.get("n_expert", 0) or 0)
+    ctx.send_json(200, {"object": "experts", "moe": n_expert > 0, "n_expert": n_expert, "layers": []})
+
+
+ROUTES = {
+    "/health": ("GET", _health, False),
+    "/metrics": ("GET", _metrics, False),
+    "/profile": ("GET", _profile, False),
+    "/experts": ("GET", _experts, False),
+    "/v1/models": ("GET", lambda ctx, _: openai_api.list_models(ctx), False),
+    "/v1/chat/completions": ("POST", openai_api.chat_completions, True),
+    "/v1/completions": ("POST", openai_api.completions, True),
+    "/v1/messages": ("POST", anthropic_api.messages, True),
+}
+
+
+# ------------------------------------------------------------------ handler
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "colibri-lab"
+    sys_version = ""
+
+    # -- plumbing
+    def setup(self):
+        self.srv = self.server.app
+        self.timeout = self.srv.read_timeout_s
+        super().setup()
+        try:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+    @property
+    def engine(self):
+        return self.srv.engine
+
+    def log_message(self, fmt, *args):
+        if self.srv.log_requests:
+            sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_OPTIONS(self):
+        self._dispatch("OPTIONS")
+
+    def do_PUT(self):
+        self._dispatch("PUT")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    def do_PATCH(self):
+        self._dispatch("PATCH")
+
+    def do_HEAD(self):
+        self._dispatch("HEAD")
+
+    def send_error(self, code, message=None, explain=None):
+        """Framework-level errors (bad request line, oversized headers) in the OpenAI shape."""
+        self.close_connection = True
+        self.rid = getattr(self, "rid", None) or _new_rid()
+        self._cors = getattr(self, "_cors", None)
+        try:
+            self._send_json(code, ApiError(code, message or explain or "bad request").openai())
+        except OSError:
+            pass
+
+    # -- dispatch
+    def _dispatch(self, method: str) -> None:
+        self.t0 = time.perf_counter()
+        self.last_write = time.monotonic()
+        self.sse_started = False
+        self._cors = None
+        self._body_read = method in ("GET", "HEAD", "OPTIONS", "DELETE")
+        rid = self.headers.get("x-request-id", "")
+        self.rid = rid if _RID.fullmatch(rid or "") else _new_rid()
+        path = urllib.parse.urlsplit(self.path).path
+        self.endpoint = path if path in ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+        anth = path.startswith("/v1/messages")
+        try:
+            self._check_host()
+            self._check_origin()
+            if method == "OPTIONS":
+                return self._preflight()
+            if method == "HEAD":
+                method = "GET"
+            if path.startswith("/v1/models/"):
+                route = ("GET", lambda ctx, _: openai_api.get_model(ctx, urllib.parse.unquote(path[len("/v1/models/"):])),
+                         False)
+            else:
+                route = ROUTES.get(path)
+            if route is None:
+                raise ApiError(404, f"no route for {method} {path}", code="not_found")
+            want, fn, needs_engine = route
+            if method != want:
+                raise ApiError(405, f"{path} accepts {want}, not {method}", code="method_not_allowed",
+                               headers={"Allow": f"{want}, OPTIONS"})
+            self.authed = self.srv.check_key(self.headers)
+            if not self.authed and path != "/health":
+                raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>' or "
+                                    "'x-api-key: <key>')", code="invalid_api_key")
+            if self.srv.shutting_down:
+                raise ApiError(503, "the server is shutting down", code="shutting_down")
+            if (needs_engine or path != "/health") and self.engine is None:
+                raise ApiError(503, "the model is still loading; retry shortly", code="loading",
+                               headers={"Retry-After": "2"})
+            body = self._read_json() if method == "POST" else None
+            fn(self, body)
+        except ApiError as e:
+            self._error(e, anth)
+        except ClientGone:
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout):
+            self.close_connection = True
+        except Exception as e:  # a bug: report it, keep serving
+            traceback.print_exc()
+            self._error(ApiError(500, f"internal error: {type(e).__name__}: {e}"), anth)
+
+    def _error(self, e: ApiError, anth: bool) -> None:
+        if not self._body_read:
+            self.close_connection = True   # unread body bytes would be parsed as the next request
+        if self.sse_started:
+            try:
+                if anth:
+                    self.sse(e.anthropic(), event="error")
+                else:
+                    self.sse(e.openai())
+            except ClientGone:
+                pass
+            self.close_connection = True
+            return
+        try:
+            self._send_json(e.status, e.anthropic() if anth else e.openai(), e.headers)
+        except OSError:
+            self.close_connection = True
+
+    # -- checks
+    def _check_host(self) -> None:
+        host = self.headers.get("Host")
+        if not host:
+            raise ApiError(403, "missing Host header", code="bad_host")
+        h = host.strip()
+        if h.startswith("["):
+            h = h[1:h.find("]")] if "]" in h else h
+        elif h.count(":") == 1:
+            h = h.rsplit(":", 1)[0]
+        if not self.srv.host_allowed(h.lower().rstrip(".")):
+            raise ApiError(403, f"Host {host!r} is not allowed (DNS-rebinding protection; add it with "
+                                f"--allowed-host)", code="bad_host")
+
+    def _check_origin(self) -> None:
+        origin = self.headers.get("Origin")
+        if origin is None:
+            return
+        if self.srv.origin_allowed(origin):
+            self._cors = origin
+            return
+        try:
+            same = urllib.parse.urlsplit(origin).netloc.lower() == (self.headers.get("Host") or "").lower()
+        except ValueError:
+            same = False
+        if not same:
+            raise ApiError(403, f"Origin {origin!r} is not allowed (configure --cors-origin)", code="bad_origin")
+
+    def _preflight(self) -> None:
+        self.send_response(204)
+        self._common_headers()
+        self.send_header("Allow", "GET, POST, OPTIONS")
+        if self._cors:
+            self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+            req = self.headers.get("Access-Control-Request-Headers")
+            self.send_header("Access-Control-Allow-Headers", req if req and len(req) < 1024 else
+                             "authorization, content-type, x-api-key, x-request-id, anthropic-version")
+            self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.srv.metrics.count_http("OPTIONS", 204)
+
+    def _read_json(self):
+        if self.headers.get("Transfer-Encoding"):
+            raise ApiError(400, "chunked request bodies are not supported; send Content-Length", code="bad_body")
+        cl = self.headers.get("Content-Length")
+        if cl is None:
+            raise ApiError(400, "a POST needs a Content-Length header and a JSON body", code="bad_body")
+        try:
+            n = int(cl)
+            if n < 0:
+                raise ValueError
+        except ValueError:
+            raise ApiError(400, f"bad Content-Length {cl!r}", code="bad_body") from None
+        if n > self.srv.max_body_bytes:
+            raise ApiError(413, f"request body is {n} bytes; the limit is {self.srv.max_body_bytes}",
+                           code="request_too_large")
+        data = self.rfile.read(n)
+        self._body_read = True
+        if len(data) != n:
+            raise ClientGone()
+        try:
+            return json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ApiError(400, f"request body is not UTF-8: {e}", code="invalid_json") from None
+        except ValueError as e:
+            raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "request body JSON is nested too deeply", code="invalid_json") from None
+
+    # -- responses (the ctx interface used by the API modules)
+    def _common_headers(self) -> None:
+        self.send_header("x-request-id", self.rid)
+        if self._cors:
+            self.send_header("Access-Control-Allow-Origin", self._cors)
+            self.send_header("Vary", "Origin")
+            self.send_header("Access-Control-Expose-Headers", "x-request-id, retry-after")
+
+    def _send_json(self, status: int, obj, headers=None) -> None:
+        self.send_text(status, json.dumps(obj, ensure_ascii=False), "application/json", headers)
+
+    def send_json(self, status: int, obj) -> None:
+        self._send_json(status, obj)
+
+    def send_text(self, status: int, text: str, ctype: str, headers=None) -> None:
+        data = text.encode("utf-8")
+        self.send_response(status)
+        self._common_headers()
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        self.srv.metrics.count_http(self.endpoint, status)
+
+    def start_sse(self) -> None:
+        try:
+            self.send_response(200)
+            self._common_headers()
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("X-Accel-Buffering", "no")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.flush()
+        except OSError:
+            raise ClientGone() from None
+        self.close_connection = True
+        self.sse_started = True
+        self.last_write = time.monotonic()
+        self.srv.metrics.count_http(self.endpoint, 200)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+            raise ClientGone() from None
+        self.last_write = time.monotonic()
+
+    def sse(self, obj, event: str | None = None) -> None:
+        payload = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+        head = f"event: {event}\n" if event else ""
+        self._write(f"{head}data: {payload}\n\n".encode("utf-8"))
+
+    def sse_comment(self, text: str) -> None:
+        self._write(f": {text}\n\n".encode())
+
+    def idle_s(self) -> float:
+        return time.monotonic() - self.last_write
+
+    def gone(self) -> bool:
+        """True when the client has closed its end (checked between tokens)."""
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if not r:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return False
+        except (OSError, ValueError):
+            return True
+
+    def health(self) -> None:
+        srv = self.srv
+        if srv.shutting_down:
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+        if srv.engine is None:
+            self._send_json(503, {"status": "loading"}, {"Retry-After": "2"})
+            return
+        body = {"status": "ok"}
+        if self.authed:
+            eng = srv.engine
+            sch = eng.scheduler
+            n_slots = int(eng.params["n_slots"])
+            active = sch.n_active if sch is not None else 0
+            body.update({
+                "model": srv.model_id, "model_path": str(eng.model_path), "uptime_s": time.time() - srv.t_start,
+                "engine": eng.params, "info": eng.info,
+                "scheduler": {"n_slots": n_slots, "running": min(active, n_slots),
+                              "waiting": (sch.queue_depth if sch is not None else 0) + max(0, active - n_slots),
+                              "max_queue": getattr(sch, "_max_queue", None)},
+                "grammar": _grammar_flag(eng),
+            })
+        self._send_json(200, body)
+
+
+def _grammar_flag(eng) -> bool:
+    from .common import grammar_support
+    return grammar_support(eng)
+
+
+def _new_rid() -> str:
+    import secrets
+    return "req_" + secrets.token_hex(12)
+
+
+# ---------------------------------------------------------------- the server
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, addr, handler, app, family):
+        self.address_family = family
+        self.app = app
+        self.conns: collections.Counter = collections.Counter()
+        self.conns_lock = threading.Lock()
+        super().__init__(addr, handler)
+
+    def process_request(self, request, client_address):
+        ip = client_address[0]
+        with self.conns_lock:
+            over = self.conns[ip] >= self.app.max_conns_per_ip
+            if not over:
+                self.conns[ip] += 1
+        if over:
+            _reject(request, self.app.max_conns_per_ip)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._release(ip)
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(client_address[0])
+
+    def _release(self, ip):
+        with self.conns_lock:
+            self.conns[ip] -= 1
+            if self.conns[ip] <= 0:
+                del self.conns[ip]
+
+
+def _reject(sock, limit: int) -> None:
+    body = json.dumps(ApiError(429, f"too many concurrent connections from this address (limit {limit})",
+                               code="too_many_connections").openai()).encode()
+    head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Retry-After: 1\r\nx-request-id: {_new_rid()}\r\nConnection: close\r\n\r\n").encode()
+    try:
+        sock.settimeout(2.0)
+        sock.sendall(head + body)
+    except OSError:
+        pass
+
+
+class Server:
+    """An OpenAI/Anthropic-compatible HTTP server over an `Engine`.
+
+        srv = Server(engine, port=0).start()   # background thread, ephemeral port
+        srv.url                                # "http://127.0.0.1:PORT"
+        srv.stop()
+
+    engine may be None at first (requests answer 503 while loading) and set
+    later with `set_engine`.  The server never closes the engine it was given.
+    """
+
+    def __init__(self, engine=None, host: str = "127.0.0.1", port: int = 8080, *, api_key: str | None = None,
+                 model_id: str | None = None, cors_origins=(), allowed_hosts=(), max_body_bytes: int = 4 << 20,
+                 keepalive_s: float = 15.0, read_timeout_s: float = 60.0, max_conns_per_ip: int = 64,
+                 log_requests: bool = False):
+        if not is_loopback(host) and not api_key:
+            raise ServerConfigError(
+                f"refusing to listen on {host!r} without an API key: anyone who can reach it could use it. "
+                f"Pass --api-key (or set COLIBRI_LAB_API_KEY), or bind 127.0.0.1.")
+        self.host, self.port = host, int(port)
+        self.api_key = api_key.encode() if api_key else None
+        self.cors_origins = {o.rstrip("/") for o in cors_origins}
+        h = host.strip("[]").lower()
+        self.wildcard = h in ("", "0.0.0.0", "::")
+        self.allowed_hosts = set(_LOOPBACK_NAMES) | {h} | {a.lower().strip("[]") for a in allowed_hosts}
+        self.max_body_bytes = int(max_body_bytes)
+        self.keepalive_s = float(keepalive_s)
+        self.read_timeout_s = float(read_timeout_s)
+        self.max_conns_per_ip = int(max_conns_per_ip)
+        self.log_requests = log_requests
+        self.metrics = Metrics()
+        self.t_start = time.time()
+        self.shutting_down = False
+        self._model_id = model_id
+        self.engine = None
+        self.fingerprint = "fp_colibri"
+        self._httpd = None
+        self._thread = None
+        if engine is not None:
+            self.set_engine(engine)
+
+    # -- config
+    def set_engine(self, engine) -> None:
+        name = str(engine.model_name)
+        if self._model_id is None:
+            self._model_id = Path(name).stem if (name.endswith(".gguf") or "/" in name or "\\" in name) else name
+        self.fingerprint = "fp_" + hashlib.sha1(f"{engine.model_path}|{engine.params}".encode()).hexdigest()[:10]
+        self.engine = engine
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id or "unknown"
+
+    def model_names(self) -> set:
+        names = {self.model_id}
+        if self.engine is not None:
+            names.add(str(self.engine.model_name))
+        return names
+
+    def check_key(self, headers) -> bool:
+        if self.api_key is None:
+            return True
+        cand = headers.get("x-api-key")
+        auth = headers.get("Authorization") or ""
+        if auth[:7].lower() == "bearer ":
+            cand = auth[7:].strip()
+        if not cand:
+            return False
+        return hmac.compare_digest(cand.encode("utf-8", "replace"), self.api_key)
+
+    def host_allowed(self, h: str) -> bool:
+        if "*" in self.allowed_hosts or h in self.allowed_hosts:
+            return True
+        # names are what DNS rebinding abuses; a literal IP cannot be rebound
+        return self.wildcard and _is_ip(h)
+
+    def origin_allowed(self, origin: str) -> bool:
+        return "*" in self.cors_origins or origin.rstrip("/") in self.cors_origins
+
+    def render_metrics(self) -> str:
+        eng = self.engine
+        running = waiting = 0
+        if eng is not None and eng.scheduler is not None:
+            n_slots = int(eng.params["n_slots"])
+            active = eng.scheduler.n_active
+            running = min(active, n_slots)
+            waiting = eng.scheduler.queue_depth + max(0, active - n_slots)
+        return self.metrics.render(running, waiting, self.model_id)
+
+    # -- lifecycle
+    def _bind(self) -> None:
+        h = self.host.strip("[]")
+        family = socket.AF_INET6 if ":" in h else socket.AF_INET
+        self._httpd = _HTTPServer((h, self.port), Handler, self, family)
+        self.port = self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        h = self.host.strip("[]")
+        if h in ("", "0.0.0.0"):
+            h = "127.0.0.1"
+        elif h == "::":
+            h = "::1"
+        return f"http://[{h}]:{self.port}" if ":" in h else f"http://{h}:{self.port}"
+
+    def start(self) -> "Server":
+        """Listen and serve on a background thread; returns self."""
+        if self._httpd is None:
+            self._bind()
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="colibri-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        if self._httpd is None:
+            self._bind()
+        self._httpd.serve_forever(poll_interval=0.5)
+
+    def stop(self) -> None:
+        """Stop accepting, answer 503 to anything still arriving, close the socket."""
+        self.shutting_down = True
+        if self._httpd is not None:
+            if self._thread is not None:
+                self._httpd.shutdown()
+                self._thread.join(5)
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,181 @@
+"""Server-side counters and histograms, rendered as Prometheus text with
+vLLM-style names (prefix `colibri:`), and the /profile window.
+
+Every finished request (HTTP-submitted, including cancelled ones) is recorded
+once, from its engine metrics (DESIGN.md names).  Inter-token latency is
+observed as the request's mean time per output token (tpot_ms), once per
+inter-token gap, because per-token timestamps are not kept.
+"""
+from __future__ import annotations
+
+import collections
+import statistics
+import threading
+import time
+
+PREFIX = "colibri:"
+
+_LAT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                240.0, 480.0, 960.0)
+
+
+class Histogram:
+    def __init__(self, buckets):
+        self.buckets = tuple(buckets)
+        self.counts = [0] * len(self.buckets)   # non-cumulative count per bucket (le = bound)
+        self.inf = 0                            # observations above the last bound
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float, n: int = 1) -> None:
+        if n <= 0:
+            return
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += n
+                break
+        else:
+            self.inf += n
+        self.sum += v * n
+        self.count += n
+
+    def render(self, name: str, out: list) -> None:
+        acc = 0
+        for b, c in zip(self.buckets, self.counts):
+            acc += c
+            out.append(f'{name}_bucket{{le="{b}"}} {acc}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum {self.sum:.6f}")
+        out.append(f"{name}_count {self.count}")
+
+
+class Metrics:
+    PROFILE_WINDOW = 120
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.t_start = time.time()
+        self.ttft = Histogram(_LAT_BUCKETS)
+        self.itl = Histogram(_ITL_BUCKETS)
+        self.e2e = Histogram(_E2E_BUCKETS)
+        self.queue = Histogram(_LAT_BUCKETS)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0       # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0          # of those, tokens served from it
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
+        self.finished = collections.Counter()   # finish reason -> requests
+        self.http = collections.Counter()       # (endpoint, status) -> responses
+        self.window: collections.deque = collections.deque(maxlen=self.PROFILE_WINDOW)
+
+    def record(self, m: dict) -> None:
+        with self.lock:
+            n_out = int(m.get("completion_tokens", 0))
+            self.prompt_tokens += int(m.get("prompt_tokens", 0))
+            self.generation_tokens += n_out
+            self.prefix_queries += int(m.get("prompt_tokens", 0))
+            self.prefix_hits += int(m.get("cached_tokens", 0))
+            self.spec_draft_tokens += int(m.get("draft_n", 0))
+            self.spec_accepted += int(m.get("draft_accepted", 0))
+            self.spec_drafts += int(m.get("draft_steps", 0))
+            self.finished[m.get("finish_reason", "unknown")] += 1
+            if n_out > 0:
+                self.ttft.observe(float(m.get("ttft_ms", 0.0)) / 1e3)
+            if n_out > 1:
+                self.itl.observe(float(m.get("tpot_ms", 0.0)) / 1e3, n_out - 1)
+            self.e2e.observe(float(m.get("e2e_ms", 0.0)) / 1e3)
+            self.queue.observe(float(m.get("queue_ms", 0.0)) / 1e3)
+            self.window.append(dict(m, t=time.time()))
+
+    def count_http(self, endpoint: str, status: int) -> None:
+        with self.lock:
+            self.http[(endpoint, status)] += 1
+
+    def render(self, running: int, waiting: int, model: str) -> str:
+        out: list[str] = []
+        lab = f'model_name="{_esc(model)}"'
+
+        def head(name, kind, help_):
+            out.append(f"# HELP {PREFIX}{name} {help_}")
+            out.append(f"# TYPE {PREFIX}{name} {kind}")
+
+        with self.lock:
+            head("num_requests_running", "gauge", "Requests holding a KV slot.")
+            out.append(f"{PREFIX}num_requests_running{{{lab}}} {running}")
+            head("num_requests_waiting", "gauge", "Requests waiting for a slot.")
+            out.append(f"{PREFIX}num_requests_waiting{{{lab}}} {waiting}")
+            for name, val, help_ in (
+                ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens processed (cached included)."),
+                ("generation_tokens_total", self.generation_tokens, "Tokens generated."),
+                ("prefix_cache_queries_total", self.prefix_queries, "Prompt tokens looked up in the prefix cache."),
+                ("prefix_cache_hits_total", self.prefix_hits, "Prompt tokens served from the prefix cache."),
+                ("spec_decode_num_drafts_total", self.spec_drafts, "Speculative draft rounds."),
+                ("spec_decode_num_draft_tokens_total", self.spec_draft_tokens, "Draft tokens proposed."),
+                ("spec_decode_num_accepted_tokens_total", self.spec_accepted, "Draft tokens accepted."),
+            ):
+                head(name, "counter", help_)
+                out.append(f"{PREFIX}{name}{{{lab}}} {val}")
+            head("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                 "Accepted draft tokens by draft position (none until speculation reports positions).")
+            head("request_success_total", "counter", "Finished requests by finish reason.")
+            for reason in sorted(set(self.finished) | {"stop", "length"}):
+                out.append(f'{PREFIX}request_success_total{{{lab},finished_reason="{_esc(reason)}"}} '
+                           f"{self.finished.get(reason, 0)}")
+            for name, h, help_ in (
+                ("time_to_first_token_seconds", self.ttft, "Time to first token (from submit)."),
+                ("inter_token_latency_seconds", self.itl, "Inter-token latency (request mean per gap)."),
+                ("e2e_request_latency_seconds", self.e2e, "End-to-end request latency."),
+                ("request_queue_time_seconds", self.queue, "Time waiting for a slot."),
+            ):
+                head(name, "histogram", help_)
+                h.render(PREFIX + name, out)
+            head("http_responses_total", "counter", "HTTP responses by endpoint and status.")
+            for (ep, st), c in sorted(self.http.items()):
+                out.append(f'{PREFIX}http_responses_total{{endpoint="{_esc(ep)}",status="{st}"}} {c}')
+        return "\n".join(out) + "\n"
+
+    def profile(self, steps: list[dict]) -> dict:
+        with self.lock:
+            reqs = list(self.window)
+        summary = {}
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "prefill_ms", "decode_tok_s",
+                    "prompt_tokens", "cached_tokens", "completion_tokens"):
+            vals = [float(r[key]) for r in reqs if isinstance(r.get(key), (int, float))]
+            if vals:
+                vals.sort()
+                summary[key] = {"mean": statistics.fmean(vals), "p50": _pct(vals, 50), "p90": _pct(vals, 90),
+                                "p99": _pct(vals, 99), "max": vals[-1]}
+        total_p = sum(int(r.get("prompt_tokens", 0)) for r in reqs)
+        hit = sum(int(r.get("cached_tokens", 0)) for r in reqs)
+        step_ms = sorted(float(s.get("step_ms", 0.0)) for s in steps)
+        return {
+            "object": "profile",
+            "window": self.PROFILE_WINDOW,
+            "n": len(reqs),
+            "requests": reqs,
+            "summary": summary,
+            "prefix_cache_hit_rate": hit / total_p if total_p else 0.0,
+            "finish_reasons": dict(collections.Counter(r.get("finish_reason") for r in reqs)),
+            "steps": {"n": len(steps), "step_ms_p50": _pct(step_ms, 50) if step_ms else 0.0,
+                      "step_ms_p90": _pct(step_ms, 90) if step_ms else 0.0,
+                      "recent": steps[-self.PROFILE_WINDOW:]},
+        }
+
+
+def _pct(sorted_vals, p):
+    if not sorted_vals:
+        return 0.0
+    k = (len(sorted_vals) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def _esc(s: str) -> str:
+    return str(s).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

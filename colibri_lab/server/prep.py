@@ -1,0 +1,176 @@
+"""Turning an API request into engine submissions: chat prompts (with tools
+shown to templates that cannot render them), the context budget, sampling
+keywords, the grammar, and the `speculative` extension."""
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+
+from colibri_lab.errors import InvalidRequestError
+
+from . import common as C
+from .common import ApiError, bad
+
+
+@dataclass
+class ToolMode:
+    tools: list = field(default_factory=list)   # [{"name", "description", "parameters"}]
+    choice: str = "none"                        # none | auto | required | named
+    name: str | None = None                     # the forced tool for choice == "named"
+    parallel: bool = True                       # a list of calls allowed / produced when forced
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tools) and self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        return self.active and self.choice in ("required", "named")
+
+    def grammar(self, engine, param: str) -> str | None:
+        if not self.forced:
+            return None
+        schema = C.tool_call_schema(self.tools, self.name if self.choice == "named" else None,
+                                    self.parallel and self.choice == "required")
+        return C.schema_grammar(engine, schema, param)
+
+
+def check_tool(name, params, where: str) -> None:
+    if not isinstance(name, str) or not C._TOOL_NAME.fullmatch(name):
+        raise bad(f"{where}.name must be 1-64 characters of a-z, A-Z, 0-9, _, . and -", param=f"{where}.name")
+    if params is not None and not isinstance(params, dict):
+        raise bad(f"{where}: the parameters schema must be an object", param=where)
+
+
+def chat_prompt_ids(engine, messages: list, tm: ToolMode) -> list[int]:
+    """Render the chat template.  Templates that do not mention `tools` get the
+    tool list in the system message; templates that do not mention `tool_calls`
+    see earlier calls as the JSON the model is asked to produce."""
+    tmpl = engine.chat_template or ""
+    native_tools = "tools" in tmpl
+    native_calls = "tool_calls" in tmpl
+    msgs = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls") and not native_calls:
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function", {}) if isinstance(c, dict) else {}
+                args = fn.get("arguments", {})
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args)
+                    except ValueError:
+                        pass
+                calls.append({"name": fn.get("name"), "arguments": args})
+            text = C.tool_call_text(calls)
+            m["content"] = (m["content"] + "\n" + text) if isinstance(m.get("content"), str) and m["content"] else text
+            del m["tool_calls"]
+        if m.get("role") == "tool" and not native_calls:
+            m = {"role": "tool", "content": m.get("content") if m.get("content") is not None else ""}
+        msgs.append(m)
+    tools_arg = None
+    if tm.active:
+        if native_tools:
+            tools_arg = [{"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
+                                                           "parameters": t["parameters"] or {"type": "object"}}}
+                         for t in tm.tools]
+        else:
+            text = C.tool_system_text(tm.tools)
+            if msgs and msgs[0].get("role") in ("system", "developer") and isinstance(msgs[0].get("content"), str):
+                msgs[0] = dict(msgs[0], content=msgs[0]["content"] + "\n\n" + text)
+            else:
+                msgs.insert(0, {"role": "system", "content": text})
+    try:
+        prompt = engine.apply_chat_template(msgs, tools=tools_arg)
+    except InvalidRequestError as e:
+        raise bad(str(e), param="messages") from None
+    return engine.tokenize(prompt, add_special=False)
+
+
+def budget(engine, n_prompt: int, max_tokens: int | None, param: str = "messages") -> int:
+    """Completion budget: the request's max_tokens, clamped to the room left in a
+    slot's context (finish_reason 'length' when reached); a prompt that leaves no
+    room is a 400 context_length_exceeded."""
+    n_ctx = int(engine.params["n_ctx"])
+    room = n_ctx - n_prompt
+    if room < 1:
+        raise ApiError(400, f"This model's maximum context length is {n_ctx} tokens, but the prompt has "
+                            f"{n_prompt} tokens, which leaves no room for a completion.",
+                       param=param, code="context_length_exceeded")
+    return room if max_tokens is None else min(max_tokens, room)
+
+
+SPEC_KEYS = {"method", "n_draft", "n_min", "ngram_max", "adaptive", "enabled"}
+SPEC_METHODS = {"none", "prompt_lookup", "draft", "mtp", "auto"}
+
+
+def speculative(engine, v) -> dict | None:
+    """Validate the `speculative` extension object; returns it to pass to the
+    engine, None when absent / disabled."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise bad("speculative must be an object", param="speculative")
+    unknown = sorted(set(v) - SPEC_KEYS)
+    if unknown:
+        raise bad(f"speculative: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(SPEC_KEYS))})",
+                  param="speculative")
+    if "method" in v and v["method"] not in SPEC_METHODS:
+        raise bad(f"speculative.method must be one of {sorted(SPEC_METHODS)}", param="speculative.method")
+    for k in ("n_draft", "n_min", "ngram_max"):
+        if k in v and (isinstance(v[k], bool) or not isinstance(v[k], int) or not 0 <= v[k] <= 64):
+            raise bad(f"speculative.{k} must be an integer in [0, 64]", param=f"speculative.{k}")
+    for k in ("adaptive", "enabled"):
+        if k in v and not isinstance(v[k], bool):
+            raise bad(f"speculative.{k} must be a boolean", param=f"speculative.{k}")
+    if v.get("enabled") is False or v.get("method") == "none":
+        return None
+    if not C.engine_accepts(engine, "speculative"):
+        raise bad("speculative: speculative decoding is not available yet in this engine build",
+                  param="speculative")
+    return dict(v)
+
+
+def sampling(b: C.Body, engine, *, default_temperature: float = 1.0, openai: bool = True) -> dict:
+    """Engine sampling keywords from the common fields."""
+    kw = {}
+    t = b.num("temperature", default_temperature, 0.0, 2.0)
+    kw["temperature"] = t
+    kw["top_p"] = b.num("top_p", 1.0, 0.0, 1.0, lo_open=True)
+    kw["top_k"] = b.int("top_k", 0, 0, 1 << 20)
+    if openai:
+        kw["min_p"] = b.num("min_p", 0.0, 0.0, 1.0)
+        kw["presence_penalty"] = b.num("presence_penalty", 0.0, -2.0, 2.0)
+        kw["frequency_penalty"] = b.num("frequency_penalty", 0.0, -2.0, 2.0)
+        kw["repeat_penalty"] = b.num("repeat_penalty", 1.0, 0.0, 10.0, lo_open=True)
+        bias = C.logit_bias(b.raw("logit_bias"), "logit_bias", int(engine.info["n_vocab"]))
+        if bias:
+            kw["logit_bias"] = bias
+    seed = C.seed_value(b.raw("seed")) if openai else None
+    if seed is None:
+        seed = secrets.randbits(63) if t > 0 else 0
+    kw["seed"] = seed
+    return kw
+
+
+def choice_seeds(kw: dict, n: int) -> list[dict]:
+    """n copies of the sampling keywords with seeds seed, seed+1, ... so the
+    choices differ when sampling and each stays reproducible."""
+    out = []
+    for i in range(n):
+        d = dict(kw)
+        d["seed"] = (kw["seed"] + i) % (1 << 64)
+        out.append(d)
+    return out
+
+
+def extension_grammar(b: C.Body, engine) -> str | None:
+    g = b.str("grammar")
+    if g is None:
+        return None
+    if not g.strip():
+        raise bad("grammar must not be empty", param="grammar")
+    C.require_grammar(engine, "grammar")
+    return g
