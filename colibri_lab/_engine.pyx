@@ -73,6 +73,26 @@ cdef extern from "colibri.h" nogil:
 
     ctypedef struct cb_engine_params:
         int n_slots, n_ctx, n_threads, n_batch, n_chunk, simd, prefix_reuse
+        const cb_model *draft_model
+        int layer_skip
+        const int32_t *skip_layers
+        int n_skip_layers
+
+    enum:
+        CB_SPEC_GRAMMAR, CB_SPEC_LOOKUP, CB_SPEC_DRAFT, CB_SPEC_LAYERSKIP, CB_SPEC_N_SOURCES, CB_SPEC_MAX_K
+    ctypedef struct cb_spec_params:
+        int sources, k_max, adaptive, ngram_max, ngram_min
+    cb_spec_params cb_spec_default_params()
+    ctypedef struct cb_spec_stats:
+        int64_t drafts, draft_tokens, accepted_tokens
+        int64_t tried_pos[16]
+        int64_t accepted_pos[16]
+        double accept_rate_pos[16]
+        int k
+        double expected_gain
+        int paused
+        double draft_ms
+    int cb_engine_spec_stats(const cb_engine *engine, int source, cb_spec_stats *out)
     cb_engine_params cb_engine_default_params()
     int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engine **out, char *err, size_t err_len)
     void cb_engine_free(cb_engine *engine)
@@ -109,13 +129,18 @@ cdef extern from "colibri.h" nogil:
         size_t stop_len[8]
         int return_logits, copy_prefix
         const cb_grammar *grammar
+        cb_spec_params spec
         cb_sampling_params sampling
     cb_request_params cb_request_default_params()
 
     ctypedef struct cb_request_metrics:
         int prompt_tokens, cached_tokens, completion_tokens
         double queue_ms, ttft_ms, prefill_ms, decode_ms, e2e_ms, tpot_ms, decode_tok_s
-        int draft_n, draft_accepted
+        int draft_n, draft_accepted, draft_steps
+        int draft_n_source[4]
+        int draft_accepted_source[4]
+        int draft_n_pos[16]
+        int draft_accepted_pos[16]
         double grammar_mask_us
         int slot, finish_reason, stop_offset
     ctypedef struct cb_event:
@@ -155,6 +180,11 @@ cdef extern from "colibri.h" nogil:
 
 DEF ERR_LEN = 512
 DEF EVENT_CAP = 512
+
+SPEC_SOURCES = {"grammar": CB_SPEC_GRAMMAR, "prompt_lookup": CB_SPEC_LOOKUP, "draft": CB_SPEC_DRAFT,
+                "layer_skip": CB_SPEC_LAYERSKIP}
+SPEC_SOURCE_ORDER = ("grammar", "prompt_lookup", "draft", "layer_skip")  # bit order = priority order
+SPEC_KEYS = {"sources", "k_max", "adaptive", "ngram_max", "ngram_min"}
 
 SIMD_NAMES = {"scalar": CB_SIMD_SCALAR, "avx2": CB_SIMD_AVX2, "avx512": CB_SIMD_AVX512, "auto": CB_SIMD_AUTO}
 
@@ -388,6 +418,35 @@ cdef class Model:
         return b"".join(parts)
 
 
+cdef int _spec_params(dict spec, cb_spec_params *out) except -1:
+    """Fill cb_spec_params from {"sources": [...] | str, "k_max", "adaptive", "ngram_max", "ngram_min"}."""
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise errors.InvalidRequestError(f"unknown speculative setting(s): {', '.join(sorted(unknown))}")
+    out[0] = cb_spec_default_params()
+    sources = spec.get("sources", [])
+    if isinstance(sources, str):
+        sources = [sources]
+    bits = 0
+    for name in sources:
+        if name not in SPEC_SOURCES:
+            raise errors.InvalidRequestError(f"unknown speculative source {name!r}; expected one of {list(SPEC_SOURCE_ORDER)}")
+        bits |= SPEC_SOURCES[name]
+    out.sources = bits
+    for key in ("k_max", "ngram_max", "ngram_min"):
+        if key in spec:
+            v = spec[key]
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise errors.InvalidRequestError(f"speculative {key} must be an integer, got {v!r}")
+    if "adaptive" in spec and not isinstance(spec["adaptive"], bool):
+        raise errors.InvalidRequestError(f"speculative adaptive must be a boolean, got {spec['adaptive']!r}")
+    out.k_max = spec.get("k_max", out.k_max)
+    out.adaptive = 1 if spec.get("adaptive", True) else 0
+    out.ngram_max = spec.get("ngram_max", out.ngram_max)
+    out.ngram_min = spec.get("ngram_min", out.ngram_min)
+    return 0
+
+
 cdef class Grammar:
     """A GBNF grammar compiled against a model's vocabulary; reusable across requests."""
     cdef cb_grammar *ptr
@@ -472,7 +531,19 @@ cdef class Matcher:
 
 
 cdef dict _metrics_dict(const cb_request_metrics *m):
-    return dict(
+    cdef int n = CB_SPEC_MAX_K
+    while n > 0 and m.draft_n_pos[n - 1] == 0:  # trailing positions never tried
+        n -= 1
+    n_pos = [m.draft_n_pos[i] for i in range(n)]
+    spec = dict(
+        draft_steps=m.draft_steps,
+        accept_rate=(m.draft_accepted / m.draft_n) if m.draft_n else 0.0,
+        accept_len_mean=(1.0 + m.draft_accepted / m.draft_steps) if m.draft_steps else 0.0,
+        draft_n_by_source={SPEC_SOURCE_ORDER[b]: m.draft_n_source[b] for b in range(4) if m.draft_n_source[b]},
+        draft_accepted_by_source={SPEC_SOURCE_ORDER[b]: m.draft_accepted_source[b] for b in range(4) if m.draft_n_source[b]},
+        draft_n_by_pos=n_pos,
+        draft_accepted_by_pos=[m.draft_accepted_pos[i] for i in range(len(n_pos))])
+    return dict(spec,
         prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens, completion_tokens=m.completion_tokens,
         queue_ms=m.queue_ms, ttft_ms=m.ttft_ms, prefill_ms=m.prefill_ms, decode_ms=m.decode_ms, e2e_ms=m.e2e_ms,
         tpot_ms=m.tpot_ms, decode_tok_s=m.decode_tok_s, draft_n=m.draft_n, draft_accepted=m.draft_accepted,
@@ -497,10 +568,21 @@ cdef class Engine:
         self._keep = {}
         self.in_step = False
 
+    cdef readonly Model draft_model
+
     def __init__(self, Model model not None, int n_slots=1, int n_ctx=0, int n_threads=0, int n_batch=0,
-                 int n_chunk=0, simd="auto", prefix_reuse=True):
+                 int n_chunk=0, simd="auto", prefix_reuse=True, Model draft_model=None, layer_skip=False,
+                 skip_layers=None):
         model._check()
         cdef cb_engine_params p = cb_engine_default_params()
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] skip = np.asarray(list(skip_layers or []), dtype=np.int32)
+        if draft_model is not None:
+            draft_model._check()
+            p.draft_model = draft_model.ptr
+        p.layer_skip = 1 if (layer_skip or skip_layers) else 0
+        if skip_layers:
+            p.skip_layers = <const int32_t *>cnp.PyArray_DATA(skip)
+            p.n_skip_layers = skip.shape[0]
         cdef char err[ERR_LEN]
         cdef int rc
         err[0] = 0
@@ -518,6 +600,7 @@ cdef class Engine:
         if rc != CB_OK:
             _raise(rc, _err_str(err))
         self.model = model
+        self.draft_model = draft_model
         self.n_vocab = model.n_vocab
         self.events = <cb_event *>malloc(EVENT_CAP * sizeof(cb_event))
         if self.events == NULL:
@@ -557,7 +640,7 @@ cdef class Engine:
                double top_p=1.0, double min_p=0.0, double repeat_penalty=1.0, int repeat_last_n=64,
                double presence_penalty=0.0, double frequency_penalty=0.0, seed=0, int n_logprobs=0,
                logit_bias=None, stop=None, bint ignore_eos=False, bint return_logits=False,
-               bint copy_prefix=False, Grammar grammar=None):
+               bint copy_prefix=False, Grammar grammar=None, speculative=None):
         """Queue a request; returns its id.  Bad parameters raise InvalidRequestError."""
         self._check()
         cdef cnp.ndarray[cnp.int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
@@ -587,6 +670,8 @@ cdef class Engine:
             if grammar.model is not self.model:
                 raise errors.InvalidRequestError("the grammar was compiled for a different model")
             r.grammar = grammar.ptr
+        if speculative:
+            _spec_params(speculative, &r.spec)
         r.n_stop = len(stops)
         for i in range(len(stops)):
             r.stop[i] = <const char *>stops[i]
@@ -668,6 +753,22 @@ cdef class Engine:
                     step_ms=s.step_ms, matmul_ms=s.matmul_ms, attention_ms=s.attention_ms,
                     lm_head_ms=s.lm_head_ms, sampling_ms=s.sampling_ms, grammar_ms=s.grammar_ms,
                     draft_ms=s.draft_ms, other_ms=s.other_ms)
+
+    def spec_stats(self):
+        """Per draft source: counts, acceptance by position and the adaptive policy's decision."""
+        self._check()
+        cdef cb_spec_stats st
+        out = {}
+        for name in SPEC_SOURCE_ORDER:
+            cb_engine_spec_stats(self.ptr, SPEC_SOURCES[name], &st)
+            n = max([i + 1 for i in range(CB_SPEC_MAX_K) if st.tried_pos[i]] or [0])
+            out[name] = dict(drafts=st.drafts, draft_tokens=st.draft_tokens, accepted_tokens=st.accepted_tokens,
+                             accept_rate=(st.accepted_tokens / st.draft_tokens) if st.draft_tokens else 0.0,
+                             tried_by_pos=[st.tried_pos[i] for i in range(n)],
+                             accepted_by_pos=[st.accepted_pos[i] for i in range(n)],
+                             accept_rate_pos=[st.accept_rate_pos[i] for i in range(n)],
+                             k=st.k, expected_gain=st.expected_gain, paused=bool(st.paused), draft_ms=st.draft_ms)
+        return out
 
     def slot_info(self, int slot):
         self._check()

@@ -25,7 +25,7 @@ from colibri_lab.tokenizer import Tokenizer
 _SAMPLING_KEYS = {
     "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
     "presence_penalty", "frequency_penalty", "seed", "logit_bias", "ignore_eos",
-    "return_logits", "copy_prefix", "slot", "grammar",
+    "return_logits", "copy_prefix", "slot", "grammar", "speculative",
 }
 
 
@@ -105,7 +105,8 @@ class Engine:
 
     def __init__(self, model: str = "smollm2", *, n_threads: int = 0, n_ctx: int = 2048, n_slots: int = 1,
                  n_batch: int = 0, n_chunk: int = 0, simd: str = "auto", prefix_reuse: bool = True,
-                 max_queue: int = 256):
+                 max_queue: int = 256, draft_model: str | None = None, layer_skip: bool = False,
+                 skip_layers=None):
         self.model_path = models.resolve(model)
         self.model_name = str(model)
         self.model = _engine.Model(str(self.model_path))
@@ -114,9 +115,11 @@ class Engine:
         self.metadata = {k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")}
         self.tokenizer = Tokenizer.from_metadata(meta)
         self.chat_template = chat_mod.template_from_metadata(meta)
+        self.draft = _engine.Model(str(models.resolve(draft_model))) if draft_model else None
         self.core = _engine.Engine(self.model, n_slots=n_slots, n_ctx=min(n_ctx, max(2, self.info["n_ctx_train"])),
                                    n_threads=n_threads, n_batch=n_batch, n_chunk=n_chunk, simd=simd,
-                                   prefix_reuse=prefix_reuse)
+                                   prefix_reuse=prefix_reuse, draft_model=self.draft, layer_skip=layer_skip,
+                                   skip_layers=skip_layers)
         self.params = self.core.params
         self.scheduler = Scheduler(self.core, max_queue=max_queue)
         self._grammars: collections.OrderedDict[str, _engine.Grammar] = collections.OrderedDict()

@@ -318,6 +318,10 @@ _MAXCP = 0x10FFFF
 _ASCII_DIGIT = [(48, 57)]
 _ASCII_WORD = [(48, 57), (65, 90), (95, 95), (97, 122)]
 _ASCII_SPACE = [(9, 13), (32, 32)]
+# What Python's \s matches in a str pattern (tests check this list).
+UNICODE_SPACE = [(0x9, 0xD), (0x1C, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680),
+                 (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F),
+                 (0x3000, 0x3000)]
 
 
 def _norm(ranges):
@@ -395,7 +399,11 @@ def charset_expr(ranges) -> Optional[str]:
             alts.append('"\\\\" ' + ("(" + " | ".join(esc) + ")" if len(esc) > 1 else esc[0]))
     if not alts:
         return None
-    return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
+    if len(alts) == 1 and (" " not in alts[0] or _LIT_RE.fullmatch(alts[0])
+                           or re.fullmatch(r"\[(?:[^\]\\]|\\.)*\]", alts[0])
+                           or _balanced_outer(alts[0])):
+        return alts[0]
+    return "(" + " | ".join(alts) + ")"
 
 
 def _class_range(a, b):
@@ -540,7 +548,7 @@ class _RegexParser:
         if c == "W":
             return _complement(_ASCII_WORD, (0, 127))
         if c == "S":
-            return _complement(_ASCII_SPACE, (0, 127))
+            return _complement(UNICODE_SPACE)
         simple = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "0": 0, "a": 7}
         if c in simple:
             return [(simple[c], simple[c])]
@@ -571,7 +579,7 @@ class _RegexParser:
             neg = True
             self.i += 1
         ranges = []
-        shorthand = False
+        shorthand = False  # a \d or \w inside: Unicode-wide in Python
         first = True
         while True:
             if self.i >= len(self.p):
@@ -584,8 +592,11 @@ class _RegexParser:
             if c == "[" and self.p.startswith("[:", self.i):
                 self.err("POSIX class")
             if c == "\\":
-                if self.i + 1 < len(self.p) and self.p[self.i + 1] in "dwsDWS":
+                if self.i + 1 < len(self.p) and self.p[self.i + 1] in "dwDW":
                     shorthand = True
+                if self.p[self.i + 1:self.i + 2] == "s":
+                    # [^\s]: exclude all of Python's Unicode whitespace
+                    ranges.extend(UNICODE_SPACE)
                 lo_set = self.parse_escape(in_class=True)
             else:
                 self.i += 1
@@ -604,7 +615,8 @@ class _RegexParser:
             else:
                 ranges.extend(lo_set)
         if neg:
-            # Python's [^\d] also excludes non-ASCII digits: stay within ASCII.
+            # Python's [^\d] also excludes non-ASCII digits (and [^\w] non-ASCII
+            # letters): stay within ASCII then.
             return _complement(ranges, (0, 127) if shorthand else (0, _MAXCP))
         return _norm(ranges)
 
@@ -752,11 +764,13 @@ class _Converter:
 
     # -- entry
     def convert(self) -> str:
+        # reserved, so that no other rule (e.g. one for a property whose name
+        # sanitizes to nothing) can take the name
+        self.rules["root"] = "<pending>"
         e = self.visit(self.root, "#", "root")
         if e is None:
             raise SchemaError("schema admits no value at #")
-        if e != "root":
-            self.rules["root"] = e
+        self.rules["root"] = e
         out = ["root ::= " + self.rules["root"]]
         for k, v in self.rules.items():
             if k != "root":

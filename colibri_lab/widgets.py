@@ -145,7 +145,12 @@ class Knobs:
         self.results = None
         base = spec.resolved_variants()[0]
         self.controls: dict[str, W.Widget] = {}
-        for key, rng in (knobs or self.DEFAULT_KNOBS).items():
+        if knobs is None:
+            # a default knob over a setting the variants differ in would erase the A/B: leave it out
+            rv = spec.resolved_variants()
+            knobs = {k: r for k, r in self.DEFAULT_KNOBS.items()
+                     if len({repr(getattr(v, k.split(".")[0]).get(k.split(".")[1])) for v in rv}) == 1}
+        for key, rng in knobs.items():
             grp, name = key.split(".")
             cur = getattr(base, grp).get(name)
             if rng is bool:

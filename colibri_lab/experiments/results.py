@@ -141,8 +141,8 @@ def _json_default(o):
 def _read_frame(p: Path, dtypes: dict[str, str]) -> pd.DataFrame:
     text_cols = [c for c, t in dtypes.items() if t in ("object", "str", "string")]
     na = {c: [""] for c in dtypes if c not in text_cols}
-    df = pd.read_csv(p, dtype={c: str for c in text_cols}, keep_default_na=False, na_values=na,
-                     float_precision="round_trip")
+    kw = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}  # pandas 3: exact by default
+    df = pd.read_csv(p, dtype={c: str for c in text_cols}, keep_default_na=False, na_values=na, **kw)
     for c, t in dtypes.items():
         if c in df.columns and str(df[c].dtype) != t:
             df[c] = df[c].astype(t)

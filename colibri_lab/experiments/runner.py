@@ -36,7 +36,7 @@ from colibri_lab.experiments.spec import ExperimentSpec, Variant, load_spec
 from colibri_lab.experiments.workloads import Item, Workload, load_workload
 
 # Workbench switches in a variant's request settings that are not Engine.submit keywords.
-_WORKBENCH_REQUEST_KEYS = ("grammar",)
+_WORKBENCH_REQUEST_KEYS = ("use_schema",)
 WARMUP_PROMPT = [{"role": "user", "content": "Warm-up: count from one to five."}]
 STEP_PHASES = ("matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms", "other_ms")
 
@@ -102,7 +102,8 @@ class Runner:
         self.engine_factory = engine_factory or _default_engine_factory
         self.engines: dict = engines if engines is not None else {}
         self._own_engines = engines is None and not keep_engines
-        self.workload: Workload = load_workload(spec.workload, spec.workload_n, spec.workload_turns)
+        self.workload: Workload = load_workload(spec.workload, spec.workload_n, spec.workload_turns,
+                                                spec.workload_order)
         self.variants: list[Variant] = spec.resolved_variants()
 
     # ------------------------------------------------------------ engines
@@ -180,7 +181,7 @@ class Runner:
 
     def _request_kwargs(self, v: Variant, item: Item, seed: int) -> dict:
         kw = {k: val for k, val in v.request.items() if k not in _WORKBENCH_REQUEST_KEYS}
-        if v.request.get("grammar") and item.schema is not None:
+        if v.request.get("use_schema") and item.schema is not None:
             kw["json_schema"] = item.schema
         if item.max_tokens is not None:
             kw["max_tokens"] = min(int(item.max_tokens), int(kw.get("max_tokens", item.max_tokens)))

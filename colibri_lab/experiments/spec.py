@@ -3,12 +3,11 @@
 A `Variant` is a named set of settings in three groups:
   engine:  Engine(...) keywords: model, n_threads, n_ctx, n_slots, n_batch,
            n_chunk, simd, prefix_reuse (one engine per distinct engine group);
-  request: Engine.submit keywords: temperature, top_p, top_k, max_tokens, ...
-           plus two workbench switches:
-             grammar = true      -> pass each item's JSON Schema as json_schema=
-             speculative = {...}  -> passed through as speculative=
-           (both need the engine features; until they land the engine
-           rejects them with a clear error);
+  request: Engine.submit keywords: temperature, top_p, top_k, max_tokens,
+           grammar (GBNF text), json_schema, speculative = {...}, ... passed
+           through as they are (the Engine rejects what it does not know), plus
+           one workbench switch:
+             use_schema = true   -> pass each item's JSON Schema as json_schema=
   arrival: closed loop concurrency or Poisson rate (see workloads.Arrival).
 
 An `ExperimentSpec` is a workload, variants, repeats and seeds.  Specs are
@@ -131,6 +130,7 @@ class ExperimentSpec:
     workload: Any = "shared_prefix"        # name, path, dict or Workload (see load_workload)
     workload_n: int | None = None          # first n items (None: all)
     workload_turns: int | None = None      # at most this many turns per item
+    workload_order: str | None = None      # None / "as_is": file order; "grouped": a group's items back to back
     repeats: int = 2                       # measured passes over the workload per variant
     warmup: int = 1                        # unrecorded warm-up requests per engine before measuring
     seed: int = 0                          # request seed of item i is seed + i (same in every variant)
@@ -164,7 +164,7 @@ class ExperimentSpec:
     def as_dict(self) -> dict:
         wl = self.workload if isinstance(self.workload, (str, dict)) else getattr(self.workload, "name", str(self.workload))
         return {"name": self.name, "description": self.description, "workload": wl, "workload_n": self.workload_n,
-                "workload_turns": self.workload_turns, "repeats": self.repeats, "warmup": self.warmup,
+                "workload_turns": self.workload_turns, "workload_order": self.workload_order, "repeats": self.repeats, "warmup": self.warmup,
                 "seed": self.seed, "engine": self.engine, "request": self.request, "arrival": self.arrival,
                 "baseline": self.baseline_name, "lossless": self.lossless, "fresh_cache": self.fresh_cache,
                 "variants": [v.as_dict() for v in self.variants], "source": self.source}
@@ -193,10 +193,10 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
     if overrides:
         d = _merge(d, overrides)
     wl = d.get("workload", "shared_prefix")
-    n = turns = None
+    n = turns = order = None
     if isinstance(wl, dict) and "items" not in wl:
         wl = dict(wl)
-        n, turns = wl.pop("n", None), wl.pop("turns", None)
+        n, turns, order = wl.pop("n", None), wl.pop("turns", None), wl.pop("order", None)
         if set(wl) - {"name"}:
             raise ValueError(f"unknown workload key(s): {', '.join(sorted(set(wl) - {'name'}))}")
         wl = wl.get("name", "shared_prefix")
@@ -222,7 +222,7 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
         variants = swept
     return ExperimentSpec(
         name=d.get("name") or (Path(source).stem if source else "experiment"),
-        variants=variants, workload=wl, workload_n=n, workload_turns=turns,
+        variants=variants, workload=wl, workload_n=n, workload_turns=turns, workload_order=order,
         repeats=int(d.get("repeats", 2)), warmup=int(d.get("warmup", 1)), seed=int(d.get("seed", 0)),
         engine=d.get("engine", {}), request=d.get("request", {}), arrival=d.get("arrival", {}),
         baseline=d.get("baseline"), lossless=bool(d.get("lossless", False)),

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 # Names of the workloads shipped in colibri_lab/workloads/.
-BUILTIN = ("shared_prefix", "multi_turn", "copy_edit", "json_extract", "open_chat")
+BUILTIN = ("shared_prefix", "shared_prefix_short", "multi_turn", "copy_edit", "json_extract", "open_chat")
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,16 @@ class Workload:
         """Requests one pass over the workload sends (one per turn)."""
         return sum(len(it.turns) for it in self.items)
 
-    def take(self, n: int | None = None, turns: int | None = None) -> "Workload":
-        """The first n items, each cut to at most `turns` turns (None: all)."""
+    def take(self, n: int | None = None, turns: int | None = None, order: str | None = None) -> "Workload":
+        """The first n items, each cut to at most `turns` turns (None: all).
+        order="grouped" then sorts them by group (stable; groups in order of
+        first appearance), so that a group's requests arrive back to back."""
         items = self.items if n is None else self.items[:n]
+        if order not in (None, "as_is", "grouped"):
+            raise ValueError(f"order must be 'as_is' or 'grouped', got {order!r}")
+        if order == "grouped":
+            first = {g: i for i, g in reversed(list(enumerate(it.group for it in items)))}
+            items = sorted(items, key=lambda it: first[it.group])
         if turns is not None:
             if turns < 1:
                 raise ValueError("turns must be >= 1")
@@ -120,7 +127,7 @@ def workload_from_dict(d: dict) -> Workload:
 
 
 def load_workload(name_or_path: str | Path | dict | Workload, n: int | None = None,
-                  turns: int | None = None) -> Workload:
+                  turns: int | None = None, order: str | None = None) -> Workload:
     """A built-in workload by name (see BUILTIN), a JSON / JSONL file, a dict,
     or a Workload; optionally cut to n items and `turns` turns per item.
 
@@ -144,7 +151,7 @@ def load_workload(name_or_path: str | Path | dict | Workload, n: int | None = No
                 wl = workload_from_dict({"name": p.stem, "items": items})
             else:
                 wl = workload_from_dict(json.loads(text))
-    return wl.take(n, turns)
+    return wl.take(n, turns, order)
 
 
 # ------------------------------------------------------------------ arrivals

@@ -1,9 +1,13 @@
 """Anthropic-compatible /v1/messages.
 
 Accepted: model, messages, max_tokens (required), system (string or text
-blocks), stop_sequences, stream, temperature, top_p, top_k, tools,
-tool_choice; `metadata` is accepted and ignored; extensions: grammar,
-speculative, conversation.  Content blocks: text, tool_use, tool_result
+blocks), stop_sequences, stream, temperature, top_p, top_k (older SDKs send
+them; current ones only through extra_body), tools, tool_choice,
+output_config.format (json_schema -> grammar-constrained output; `effort`
+is accepted and ignored), thinking only as {"type": "disabled"}.  Accepted
+and ignored because they do not change the output here: metadata,
+service_tier, cache_control, inference_geo, speed, user_profile_id,
+workspace_id.  Extensions: grammar, speculative, conversation.  Content blocks: text, tool_use, tool_result
 (`cache_control` on a block is accepted and ignored).  Anything else is a 400
 naming it.
 """
@@ -17,9 +21,9 @@ from .common import ApiError, bad
 from .gen import ClientGone, Generation, Spec, drive, map_engine_error
 from .openai_api import ChoiceStream, check_model
 
-IGNORED = {"metadata"}
+IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed", "user_profile_id", "workspace_id"}
 FIELDS = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
-          "top_k", "tools", "tool_choice", "grammar", "speculative", "conversation"}
+          "top_k", "tools", "tool_choice", "output_config", "thinking", "grammar", "speculative", "conversation"}
 _BLOCK_EXTRA = {"cache_control", "citations"}
 
 
@@ -142,6 +146,22 @@ def _tools(b: C.Body) -> prep.ToolMode:
     return tm
 
 
+def _output_format(engine, oc) -> str | None:
+    if oc is None:
+        return None
+    C.check_keys(oc, {"effort", "format"}, "output_config")
+    if oc.get("effort") not in (None, "low", "medium", "high", "xhigh", "max"):
+        raise bad("output_config.effort must be low, medium, high, xhigh or max", param="output_config.effort")
+    fmt = oc.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise bad("output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                  param="output_config.format")
+    C.check_keys(fmt, {"type", "schema"}, "output_config.format")
+    return C.schema_grammar(engine, fmt.get("schema"), "output_config.format.schema")
+
+
 def _usage(m: dict) -> dict:
     cached = int(m.get("cached_tokens", 0))
     return {"input_tokens": int(m.get("prompt_tokens", 0)) - cached, "output_tokens": int(m.get("completion_tokens", 0)),
@@ -174,15 +194,18 @@ def messages(ctx, data) -> None:
     spec = prep.speculative(engine, b.raw("speculative"))
     if spec is not None:
         kw["speculative"] = spec
-    grammar = prep.extension_grammar(b, engine)
-    tool_grammar = tm.grammar(engine, "tool_choice")
-    if grammar is not None and tool_grammar is not None:
-        raise bad("grammar and a forced tool_choice cannot be combined", param="grammar")
-    if grammar or tool_grammar:
-        kw["grammar"] = grammar or tool_grammar
+    th = b.obj("thinking")
+    if th is not None and th != {"type": "disabled"}:
+        raise bad("thinking is not supported by this server (only {\"type\": \"disabled\"})", param="thinking")
+    gs = [g for g in (prep.extension_grammar(b, engine), _output_format(engine, b.obj("output_config")),
+                      tm.grammar(engine, "tool_choice")) if g is not None]
+    if len(gs) > 1:
+        raise bad("grammar, output_config.format and a forced tool_choice cannot be combined", param="grammar")
+    if gs:
+        kw["grammar"] = gs[0]
     ids = prep.chat_prompt_ids(engine, msgs, tm)
     max_tokens = prep.budget(engine, len(ids), mt)
-    conv = b.str("conversation") or engine.conversation_key(msgs)
+    conv = b.str("conversation") or prep.derived_conversation(engine, msgs)
     kw.update(max_tokens=max_tokens, stop=stops, conversation=conv)
     gen = Generation(engine, [Spec(0, ids, kw)], srv.metrics.record)
     mid = C.new_id("msg_")

@@ -140,6 +140,7 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.rid = getattr(self, "rid", None) or _new_rid()
         self._cors = getattr(self, "_cors", None)
+        self.endpoint = getattr(self, "endpoint", "other")
         try:
             self._send_json(code, ApiError(code, message or explain or "bad request").openai())
         except OSError:

@@ -197,7 +197,7 @@ def chat_completions(ctx, data) -> None:
     ids = prep.chat_prompt_ids(engine, messages, tm)
     max_tokens = prep.budget(engine, len(ids), mt)
     if conv is None:
-        conv = engine.conversation_key(messages)
+        conv = prep.derived_conversation(engine, messages)
     specs = []
     for i, skw in enumerate(prep.choice_seeds(kw, n)):
         skw.update(max_tokens=max_tokens, stop=stops, logprobs=max(1, top_lp) if want_lp else 0)

@@ -89,6 +89,17 @@ def chat_prompt_ids(engine, messages: list, tm: ToolMode) -> list[int]:
     return engine.tokenize(prompt, add_special=False)
 
 
+def derived_conversation(engine, messages: list) -> str | None:
+    """The slot-pinning key for a chat without an explicit `conversation`:
+    derived from the leading messages, but only for a follow-up turn (one that
+    holds an assistant message).  First turns are left unpinned so unrelated
+    clients that happen to open with the same messages are not serialized on
+    one slot; the engine already prefers the slot with the longest prefix."""
+    if any(m.get("role") == "assistant" for m in messages):
+        return engine.conversation_key(messages)
+    return None
+
+
 def budget(engine, n_prompt: int, max_tokens: int | None, param: str = "messages") -> int:
     """Completion budget: the request's max_tokens, clamped to the room left in a
     slot's context (finish_reason 'length' when reached); a prompt that leaves no

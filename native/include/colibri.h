@@ -151,6 +151,11 @@ typedef struct {
     int n_chunk;    /* max prefill tokens one request adds to one step; 0 = n_batch     */
     int simd;       /* cb_simd; CB_SIMD_AUTO picks the best the CPU has                 */
     int prefix_reuse; /* 1: reuse a slot's KV for a common prompt prefix (default 1)    */
+    /* speculative decoding resources (allocated at cb_engine_new) */
+    const cb_model *draft_model;  /* nullable: a second model sharing the vocabulary, drafts with its own KV per slot */
+    int  layer_skip;              /* 1: allocate a self-speculative drafter that runs the target with layers skipped */
+    const int32_t *skip_layers;   /* layers the layer-skip drafter skips (copied); NULL = every other middle layer */
+    int  n_skip_layers;
 } cb_engine_params;
 
 cb_engine_params cb_engine_default_params(void);
@@ -220,6 +225,47 @@ typedef struct {
 
 cb_sampling_params cb_sampling_default_params(void);
 
+/* --- speculative decoding --- */
+
+/* Draft sources, tried in this priority order when several are enabled. */
+typedef enum {
+    CB_SPEC_GRAMMAR    = 1,  /* bytes the grammar forces, tokenized */
+    CB_SPEC_LOOKUP     = 2,  /* n-gram match in the prompt and output so far */
+    CB_SPEC_DRAFT      = 4,  /* the engine's draft model (greedy) */
+    CB_SPEC_LAYERSKIP  = 8   /* the target with layers skipped (greedy) */
+} cb_spec_source;
+
+#define CB_SPEC_N_SOURCES 4
+#define CB_SPEC_MAX_K     16
+
+typedef struct {
+    int sources;    /* bitmask of cb_spec_source; 0 = plain decoding                        */
+    int k_max;      /* most draft tokens per step [1..CB_SPEC_MAX_K] (default 8)             */
+    int adaptive;   /* 1: choose k from measured acceptance and verify cost, pause a source
+                       whose expected gain is below 1 (default 1); 0: always draft k_max    */
+    int ngram_max;  /* prompt lookup: longest suffix n-gram to match (default 3)             */
+    int ngram_min;  /* prompt lookup: shortest (default 1)                                   */
+} cb_spec_params;
+
+cb_spec_params cb_spec_default_params(void);
+
+/* Engine-wide record of one draft source (what the adaptive policy sees). */
+typedef struct {
+    int64_t drafts;                       /* steps that drafted with this source        */
+    int64_t draft_tokens;                 /* tokens proposed                            */
+    int64_t accepted_tokens;              /* tokens accepted                            */
+    int64_t tried_pos[CB_SPEC_MAX_K];     /* proposals at draft position i              */
+    int64_t accepted_pos[CB_SPEC_MAX_K];  /* acceptances at draft position i            */
+    double  accept_rate_pos[CB_SPEC_MAX_K]; /* smoothed P(accept at i | accepted before) */
+    int     k;                            /* depth the policy chose last                */
+    double  expected_gain;                /* expected tokens per unit time vs. plain decoding at that k */
+    int     paused;                       /* 1: source paused (gain < 1); probed again later */
+    double  draft_ms;                     /* time spent producing drafts                */
+} cb_spec_stats;
+
+/* Stats of one source (a single cb_spec_source bit). */
+int cb_engine_spec_stats(const cb_engine *engine, int source, cb_spec_stats *out);
+
 typedef struct {
     const int32_t *tokens;       /* prompt token ids (copied at submit)                  */
     int      n_tokens;           /* >= 1                                                 */
@@ -232,6 +278,7 @@ typedef struct {
     int      return_logits;      /* 1: token events carry the full logits row           */
     int      copy_prefix;        /* 1: may copy a longer matching prefix from another slot */
     const cb_grammar *grammar;   /* nullable; output constrained to it (not owned; must outlive the request) */
+    cb_spec_params spec;         /* speculative decoding (sources = 0: off)                */
     cb_sampling_params sampling;
 } cb_request_params;
 
@@ -260,8 +307,13 @@ typedef struct {
     double e2e_ms;               /* submit -> done                            */
     double tpot_ms;              /* decode_ms / (completion_tokens - 1)       */
     double decode_tok_s;
-    int    draft_n;
-    int    draft_accepted;
+    int    draft_n;              /* draft tokens proposed                     */
+    int    draft_accepted;       /* of those, accepted                        */
+    int    draft_steps;          /* steps that verified at least one draft    */
+    int    draft_n_source[CB_SPEC_N_SOURCES];        /* by source (bit index) */
+    int    draft_accepted_source[CB_SPEC_N_SOURCES];
+    int    draft_n_pos[CB_SPEC_MAX_K];               /* proposals by draft position */
+    int    draft_accepted_pos[CB_SPEC_MAX_K];        /* acceptances by draft position */
     double grammar_mask_us;      /* mean time per grammar mask (0 without a grammar) */
     int    slot;
     int    finish_reason;        /* cb_finish */

@@ -11,8 +11,10 @@
  *      chunks (at most n_chunk rows per request) while the batch has room;
  *   4. runs the forward and samples every row that ends a prompt or decodes.
  */
+#include "bpe.h"
 #include "forward.h"
 #include "sampler.h"
+#include "spec.h"
 #include "stopstr.h"
 
 #include <math.h>
@@ -50,6 +52,15 @@ typedef struct {
     double   mask_us;        /* time spent computing grammar masks */
     int      n_masks;        /* masks computed */
     int32_t  pending;        /* sampled token not yet fed through the model */
+    /* speculative decoding */
+    cb_spec_params spec;     /* sources = 0: off */
+    int      n_draft;        /* drafts riding in this step's batch */
+    int      draft_src;      /* bit index of the source that drafted them */
+    int32_t  draft[CB_SPEC_MAX_K];
+    int      lrow0;          /* first logits row of this request in the step */
+    int      k_want;         /* drafts asked of a drafter this step */
+    int      base_pos;       /* position of `pending` in this step */
+    cb_request_metrics spec_m; /* draft counters accumulated (draft_* fields only) */
     double   t_submit, t_admit, t_prefill_done, t_first;
 } cb_request;
 
@@ -82,7 +93,19 @@ struct cb_engine {
     int       ev_head, ev_count, ev_cap;
     cb_step_stats last;
     int64_t   n_steps;
+    /* speculative decoding */
+    cb_drafter draft_model;        /* valid when params.draft_model */
+    cb_drafter layer_skip;         /* valid when params.layer_skip */
+    cb_spec_policy policy;
+    cb_bpe   *bpe;                 /* canonical tokenizer for grammar-forced drafts (NULL if unsupported) */
+    void     *bpe_scratch;
+    size_t    bpe_scratch_size;
+    cb_draft_job *jobs;            /* [n_slots] drafting jobs of one step */
+    int      *job_req;             /* [n_slots] request index per job */
+    double    step_draft_ms;
 };
+
+#define CB_FORCED_MAX 256  /* longest grammar-forced span drafted at once (bytes) */
 
 static double now_ms(void) {
     struct timespec ts;
@@ -144,12 +167,24 @@ cb_sampling_params cb_sampling_default_params(void) {
     return p;
 }
 
+cb_spec_params cb_spec_default_params(void) {
+    cb_spec_params p;
+    memset(&p, 0, sizeof p);
+    p.k_max = 8;
+    p.adaptive = 1;
+    p.ngram_max = 3;
+    p.ngram_min = 1;
+    return p;
+}
+
 cb_request_params cb_request_default_params(void) {
     cb_request_params r;
     memset(&r, 0, sizeof r);
     r.slot = -1;
     r.max_tokens = 16;
     r.sampling = cb_sampling_default_params();
+    r.spec = cb_spec_default_params();
+    r.spec.sources = 0;
     return r;
 }
 
@@ -205,7 +240,30 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     }
     if ((rc = cb_sampler_scratch_init(&e->sampler, I->n_vocab))) { set_err(err, err_len, "out of memory"); goto fail; }
     e->mask = calloc((size_t)(I->n_vocab + 31) / 32, sizeof(uint32_t));
-    if (!e->mask) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+    e->jobs = calloc((size_t)p.n_slots, sizeof(cb_draft_job));
+    e->job_req = calloc((size_t)p.n_slots, sizeof(int));
+    if (!e->mask || !e->jobs || !e->job_req) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+    cb_spec_policy_init(&e->policy);
+    if (p.draft_model) {
+        if (p.draft_model->info.n_vocab != I->n_vocab || p.draft_model->info.n_layer == 0) {
+            set_err(err, err_len, "the draft model's vocabulary (%d) differs from the target's (%d)",
+                    p.draft_model->info.n_vocab, I->n_vocab);
+            rc = CB_ERR_ARG;
+            goto fail;
+        }
+        if ((rc = cb_drafter_init(&e->draft_model, p.draft_model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch,
+                                  NULL, 0, 0, err, err_len))) goto fail;
+    }
+    if (p.layer_skip) {
+        if ((rc = cb_drafter_init(&e->layer_skip, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch,
+                                  p.skip_layers, p.n_skip_layers, 1, err, err_len))) goto fail;
+    }
+    e->params.skip_layers = NULL;  /* copied into the drafter's mask */
+    if (cb_bpe_build(model, &e->bpe, NULL, 0) == CB_OK) {
+        e->bpe_scratch_size = cb_bpe_scratch_size(CB_FORCED_MAX);
+        e->bpe_scratch = malloc(e->bpe_scratch_size);
+        if (!e->bpe_scratch) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+    }
     e->next_id = 1;
     *out = e;
     return CB_OK;
@@ -232,6 +290,12 @@ void cb_engine_free(cb_engine *e) {
         for (int s = 0; s < e->params.n_slots; s++) free(e->slots[s].tokens);
     cb_sampler_scratch_free(&e->sampler);
     free(e->mask);
+    free(e->jobs);
+    free(e->job_req);
+    if (e->draft_model.model) cb_drafter_free(&e->draft_model);
+    if (e->layer_skip.model) cb_drafter_free(&e->layer_skip);
+    cb_bpe_free(e->bpe);
+    free(e->bpe_scratch);
     cb_ctx_free(&e->ctx);
     cb_pool_free(e->pool);
     free(e->slots); free(e->reqs); free(e->order); free(e->b_tokens); free(e->b_pos);
@@ -275,6 +339,16 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
     if (q->n_stop < 0 || q->n_stop > CB_MAX_STOP) { set_err(err, err_len, "at most %d stop strings, got %d", CB_MAX_STOP, q->n_stop); return CB_ERR_ARG; }
     int rc = validate_sampling(&q->sampling, n_vocab, err, err_len);
     if (rc) return rc;
+    const cb_spec_params *sp = &q->spec;
+    if (sp->sources & ~(CB_SPEC_GRAMMAR | CB_SPEC_LOOKUP | CB_SPEC_DRAFT | CB_SPEC_LAYERSKIP)) { set_err(err, err_len, "unknown speculative source bits 0x%x", sp->sources); return CB_ERR_ARG; }
+    if (sp->sources) {
+        if (sp->k_max < 1 || sp->k_max > CB_SPEC_MAX_K) { set_err(err, err_len, "speculative k_max must be in [1, %d], got %d", CB_SPEC_MAX_K, sp->k_max); return CB_ERR_ARG; }
+        if (sp->ngram_min < 1 || sp->ngram_max < sp->ngram_min || sp->ngram_max > 64) { set_err(err, err_len, "prompt lookup n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 64"); return CB_ERR_ARG; }
+        if ((sp->sources & CB_SPEC_DRAFT) && !e->params.draft_model) { set_err(err, err_len, "speculative source 'draft' needs an engine created with a draft model"); return CB_ERR_ARG; }
+        if ((sp->sources & CB_SPEC_LAYERSKIP) && !e->params.layer_skip) { set_err(err, err_len, "speculative source 'layer_skip' needs an engine created with layer_skip enabled"); return CB_ERR_ARG; }
+        if ((sp->sources & CB_SPEC_GRAMMAR) && !q->grammar) { set_err(err, err_len, "speculative source 'grammar' needs a grammar on the request"); return CB_ERR_ARG; }
+        if ((sp->sources & CB_SPEC_GRAMMAR) && !e->bpe) { set_err(err, err_len, "speculative source 'grammar' needs a byte-level BPE vocabulary"); return CB_ERR_UNSUPPORTED; }
+    }
     int idx = -1;
     for (int i = 0; i < CB_MAX_REQUESTS; i++) if (e->reqs[i].state == RQ_FREE) { idx = i; break; }
     if (idx < 0) { set_err(err, err_len, "request table full (%d requests pending)", CB_MAX_REQUESTS); return CB_ERR_FULL; }
@@ -306,6 +380,7 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
     r->ignore_eos = q->ignore_eos;
     r->return_logits = q->return_logits;
     r->copy_prefix = q->copy_prefix;
+    r->spec = q->spec;
     r->id = e->next_id++;
     r->seq = e->next_seq++;
     r->t_submit = now_ms();
@@ -375,6 +450,13 @@ static void finish(cb_engine *e, int idx, int reason, int stop_offset) {
     M->finish_reason = reason;
     M->stop_offset = stop_offset;
     M->grammar_mask_us = r->n_masks ? r->mask_us / r->n_masks : 0;
+    M->draft_n = r->spec_m.draft_n;
+    M->draft_accepted = r->spec_m.draft_accepted;
+    M->draft_steps = r->spec_m.draft_steps;
+    memcpy(M->draft_n_source, r->spec_m.draft_n_source, sizeof M->draft_n_source);
+    memcpy(M->draft_accepted_source, r->spec_m.draft_accepted_source, sizeof M->draft_accepted_source);
+    memcpy(M->draft_n_pos, r->spec_m.draft_n_pos, sizeof M->draft_n_pos);
+    memcpy(M->draft_accepted_pos, r->spec_m.draft_accepted_pos, sizeof M->draft_accepted_pos);
     if (r->state == RQ_PREFILL || r->state == RQ_DECODE) {
         cb_slot *s = &e->slots[r->slot];
         s->req = -1;
@@ -493,7 +575,10 @@ static int drain(cb_engine *e, cb_event *out, int max_events) {
 }
 
 /* Sample the logits row `lr` for request idx and emit token / done events. */
-static void sample_row(cb_engine *e, int idx, int lr) {
+/* Sample logits row `lr` for request idx with history = the slot's first
+ * n_past tokens, and emit token / done events.  Returns the token, or -1 when
+ * the request ended (finished or failed; its entry is then released). */
+static int sample_row(cb_engine *e, int idx, int lr) {
     cb_request *r = &e->reqs[idx];
     cb_slot *sl = &e->slots[r->slot];
     const float *logits = e->ctx.logits + (size_t)lr * e->model->info.n_vocab;
@@ -509,7 +594,7 @@ static void sample_row(cb_engine *e, int idx, int lr) {
         if (allowed <= 0) {
             error_event(e, idx, allowed < 0 ? allowed : CB_ERR_ARG,
                         "grammar dead end: no token can continue the output (%d tokens generated)", r->n_gen);
-            return;
+            return -1;
         }
         mask = e->mask;
     }
@@ -517,15 +602,15 @@ static void sample_row(cb_engine *e, int idx, int lr) {
     if (rc != CB_OK) {
         error_event(e, idx, rc, mask ? "sampling failed: every token the grammar allows is banned by logit_bias"
                                      : "sampling failed: every token is banned by logit_bias");
-        return;
+        return -1;
     }
     double t = now_ms();
     if (r->n_gen == 0) r->t_first = t;
     int eog = cb_model_token_is_eog(e->model, res.token);
-    if (eog && (!r->ignore_eos || r->matcher)) { finish(e, idx, CB_FINISH_STOP, -1); return; }
+    if (eog && (!r->ignore_eos || r->matcher)) { finish(e, idx, CB_FINISH_STOP, -1); return -1; }
     if (r->matcher && cb_matcher_accept(r->matcher, res.token) != CB_OK) {
         error_event(e, idx, CB_ERR_ARG, "internal error: sampled token %d is not accepted by the grammar", res.token);
-        return;
+        return -1;
     }
     cb_event *ev = push_event(e, CB_EVENT_TOKEN, r);
     ev->token = res.token;
@@ -538,10 +623,128 @@ static void sample_row(cb_engine *e, int idx, int lr) {
     size_t nbytes = 0;
     const uint8_t *bytes = cb_model_token_bytes(e->model, res.token, &nbytes);
     int64_t stop_at = bytes ? cb_stopstr_feed(&r->stop, bytes, nbytes) : -1;
-    if (stop_at >= 0) finish(e, idx, CB_FINISH_STOP, (int)stop_at);
-    else if (r->n_gen >= r->max_tokens) finish(e, idx, CB_FINISH_LENGTH, -1);
-    else if (sl->n_past + 1 > e->params.n_ctx) finish(e, idx, CB_FINISH_CONTEXT, -1);
-    else { r->pending = res.token; r->state = RQ_DECODE; }
+    if (stop_at >= 0) { finish(e, idx, CB_FINISH_STOP, (int)stop_at); return -1; }
+    if (r->n_gen >= r->max_tokens) { finish(e, idx, CB_FINISH_LENGTH, -1); return -1; }
+    if (sl->n_past + 1 > e->params.n_ctx) { finish(e, idx, CB_FINISH_CONTEXT, -1); return -1; }
+    r->pending = res.token;
+    r->state = RQ_DECODE;
+    return res.token;
+}
+
+/* ------------------------------------------------------------- drafting */
+
+/* Grammar-forced draft: the bytes the grammar forces next, tokenized as the
+ * tokenizer would.  Only tokens whose bytes lie wholly inside the forced span
+ * are kept (the last may be cut differently once more text follows). */
+static int grammar_draft(cb_engine *e, cb_request *r, int k, int32_t *out) {
+    uint8_t buf[CB_FORCED_MAX];
+    int nb = cb_matcher_forced_bytes(r->matcher, buf, CB_FORCED_MAX);
+    if (nb <= 0) return 0;
+    int32_t ids[CB_FORCED_MAX];
+    int n = cb_bpe_tokenize(e->bpe, buf, (size_t)nb, ids, CB_FORCED_MAX, e->bpe_scratch, e->bpe_scratch_size);
+    if (n <= 0 || n > CB_FORCED_MAX) return 0;
+    if (n > 1) n--;  /* the span's last token may merge with what comes after */
+    if (n > k) n = k;
+    memcpy(out, ids, (size_t)n * sizeof(int32_t));
+    return n;
+}
+
+static cb_drafter *drafter_of(cb_engine *e, int bit) {
+    if (bit == cb_spec_bit(CB_SPEC_DRAFT)) return &e->draft_model;
+    if (bit == cb_spec_bit(CB_SPEC_LAYERSKIP)) return &e->layer_skip;
+    return NULL;
+}
+
+/* Choose drafts for every decoding request with speculation on.  Sources in
+ * priority order; the first that proposes something wins.  Drafter sources
+ * are batched: one drafting pass per drafter for all requests using it.
+ * `room` bounds the extra rows (batch and logits capacity). */
+static void make_drafts(cb_engine *e, int base_rows, int room) {
+    static const int order[CB_SPEC_N_SOURCES] = { CB_SPEC_GRAMMAR, CB_SPEC_LOOKUP, CB_SPEC_DRAFT, CB_SPEC_LAYERSKIP };
+    int pending_drafter[CB_SPEC_N_SOURCES] = { 0 };
+    double td = now_ms();
+    for (int o = 0; o < e->n_order; o++) {
+        cb_request *r = &e->reqs[e->order[o]];
+        r->n_draft = 0;
+        if (r->state != RQ_DECODE || !r->spec.sources) continue;
+        cb_slot *sl = &e->slots[r->slot];
+        /* drafts are useless past max_tokens and impossible past the context */
+        int cap = r->max_tokens - r->n_gen - 1;
+        if (cap > e->params.n_ctx - sl->n_past - 1) cap = e->params.n_ctx - sl->n_past - 1;
+        if (cap > room) cap = room;
+        if (cap <= 0) continue;
+        for (int i = 0; i < CB_SPEC_N_SOURCES && r->n_draft == 0; i++) {
+            int src = order[i];
+            if (!(r->spec.sources & src)) continue;
+            int bit = cb_spec_bit(src);
+            int k = cb_spec_policy_k(&e->policy, bit, &r->spec, base_rows);
+            if (k > cap) k = cap;
+            if (k <= 0) continue;
+            double t = now_ms();
+            if (src == CB_SPEC_GRAMMAR) {
+                if (r->matcher) r->n_draft = grammar_draft(e, r, k, r->draft);
+            } else if (src == CB_SPEC_LOOKUP) {
+                /* history: the slot's tokens plus the pending one */
+                sl->tokens[sl->n_past] = r->pending;
+                r->n_draft = cb_lookup_draft(sl->tokens, sl->n_past + 1, r->spec.ngram_min, r->spec.ngram_max, k, r->draft);
+            } else {
+                /* queue for the batched drafter pass below */
+                r->draft_src = 0x100 | bit;  /* marker: waiting for drafter `bit` */
+                r->k_want = k;
+                pending_drafter[bit]++;
+                break;
+            }
+            if (r->n_draft > 0) {
+                r->draft_src = bit;
+                e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * (now_ms() - t) / r->n_draft;
+                room -= r->n_draft;
+            }
+        }
+    }
+    /* batched drafter passes */
+    for (int b = 0; b < CB_SPEC_N_SOURCES; b++) {
+        if (!pending_drafter[b]) continue;
+        cb_drafter *d = drafter_of(e, b);
+        int nj = 0;
+        for (int o = 0; o < e->n_order; o++) {
+            int idx = e->order[o];
+            cb_request *r = &e->reqs[idx];
+            if (r->state != RQ_DECODE || r->draft_src != (0x100 | b)) continue;
+            cb_slot *sl = &e->slots[r->slot];
+            sl->tokens[sl->n_past] = r->pending;
+            int k = r->k_want < room ? r->k_want : room;
+            r->draft_src = b;
+            if (k <= 0) continue;
+            room -= k;
+            cb_draft_job *J = &e->jobs[nj];
+            J->slot = r->slot;
+            J->hist = sl->tokens;
+            J->n_hist = sl->n_past + 1;
+            J->k = k;
+            J->out = r->draft;
+            e->job_req[nj++] = idx;
+        }
+        double t = now_ms();
+        cb_drafter_draft(d, e->jobs, nj);
+        int made = 0;
+        for (int j = 0; j < nj; j++) {
+            e->reqs[e->job_req[j]].n_draft = e->jobs[j].n_out;
+            made += e->jobs[j].n_out;
+        }
+        double spent = now_ms() - t - cb_drafter_last_catchup_ms(d);
+        if (made > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / made;
+    }
+    e->step_draft_ms += now_ms() - td;
+}
+
+
+
+int cb_engine_spec_stats(const cb_engine *e, int source, cb_spec_stats *out) {
+    int b = cb_spec_bit(source);
+    if (!e || !out || b < 0) return CB_ERR_ARG;
+    *out = e->policy.st[b];
+    out->draft_ms = e->policy.draft_ms_tok[b] * (double)out->draft_tokens;
+    return CB_OK;
 }
 
 int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
@@ -563,19 +766,33 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
         if (e->reqs[i].state != RQ_FREE && e->reqs[i].cancelled) finish(e, i, CB_FINISH_CANCELLED, -1);
     /* 2. admission */
     admit(e);
-    /* 3. batch: decode rows first, then prefill chunks, in admission order */
-    int n = 0, n_logit = 0, rows_decode = 0, rows_prefill = 0;
+    /* 3. batch: decode rows (each with its drafts) first, then prefill
+     *    chunks, in admission order */
+    int n = 0, n_logit = 0, rows_decode = 0, rows_prefill = 0, n_decoding = 0;
+    for (int k = 0; k < e->n_order; k++) n_decoding += e->reqs[e->order[k]].state == RQ_DECODE;
+    e->step_draft_ms = 0;
+    {
+        int room = e->ctx.n_logits - n_decoding;
+        if (room > e->params.n_batch - n_decoding) room = e->params.n_batch - n_decoding;
+        for (int k = 0; k < e->n_order; k++) e->reqs[e->order[k]].draft_src = 0;
+        if (room > 0) make_drafts(e, n_decoding, room);
+    }
     for (int k = 0; k < e->n_order; k++) {
         cb_request *r = &e->reqs[e->order[k]];
         if (r->state != RQ_DECODE) continue;
         cb_slot *sl = &e->slots[r->slot];
-        sl->tokens[sl->n_past] = r->pending;
-        e->b_tokens[n] = r->pending;
-        e->b_pos[n] = sl->n_past;
-        e->b_slot[n] = r->slot;
-        e->logit_req[n_logit] = e->order[k];
-        e->b_logit[n++] = n_logit++;
-        rows_decode++;
+        r->base_pos = sl->n_past;
+        r->lrow0 = n_logit;
+        for (int j = 0; j <= r->n_draft; j++) {
+            int32_t tok = j == 0 ? r->pending : r->draft[j - 1];
+            sl->tokens[r->base_pos + j] = tok;
+            e->b_tokens[n] = tok;
+            e->b_pos[n] = r->base_pos + j;
+            e->b_slot[n] = r->slot;
+            e->logit_req[n_logit] = e->order[k];
+            e->b_logit[n++] = n_logit++;
+            rows_decode++;
+        }
     }
     for (int k = 0; k < e->n_order && n < e->params.n_batch; k++) {
         int idx = e->order[k];
@@ -618,8 +835,37 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             if (r->n_prompt_done >= r->n_prompt) r->t_prefill_done = ts;
         }
     }
-    /* 5. sample (in logits-row order, i.e. admission order within each kind) */
-    for (int lr = 0; lr < n_logit; lr++) sample_row(e, e->logit_req[lr], lr);
+    if (n > 0) cb_spec_policy_step(&e->policy, n, ts - t0 - e->step_draft_ms);
+    /* 5. sample, in logits-row order.  A decode row followed by drafts is
+     *    verified: sample row j with the KV of the pending token and drafts
+     *    before it; keep going while what was sampled equals the next draft. */
+    for (int lr = 0; lr < n_logit;) {
+        int idx = e->logit_req[lr];
+        cb_request *r = &e->reqs[idx];
+        if (r->state != RQ_DECODE) { sample_row(e, idx, lr); lr++; continue; }
+        int n_draft = r->n_draft, src = r->draft_src, base = r->base_pos, acc = 0;
+        cb_slot *sl = &e->slots[r->slot];
+        cb_request_metrics *sm = &r->spec_m;
+        int32_t draft[CB_SPEC_MAX_K];
+        memcpy(draft, r->draft, sizeof draft);  /* r is released if the request ends mid-way */
+        if (n_draft > 0) {  /* counted before sampling so a request that ends here reports them */
+            sm->draft_n += n_draft;
+            sm->draft_n_source[src] += n_draft;
+            sm->draft_steps++;
+        }
+        for (int j = 0; j <= n_draft; j++) {
+            sl->n_past = base + j + 1;  /* KV through row j is the sequence so far */
+            if (j < n_draft) sm->draft_n_pos[j]++;
+            int tok = sample_row(e, idx, lr + j);
+            if (tok < 0 || j == n_draft || tok != draft[j]) break;
+            acc++;
+            sm->draft_accepted++;
+            sm->draft_accepted_source[src]++;
+            sm->draft_accepted_pos[j]++;
+        }
+        if (n_draft > 0) cb_spec_policy_record(&e->policy, src, n_draft, acc);
+        lr += n_draft + 1;
+    }
     /* prefill-only requests (max_tokens == 0) finish once their prompt is in */
     for (int k = 0; k < e->n_order; k++) {
         int idx = e->order[k];
@@ -641,7 +887,7 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     S->lm_head_ms = c->t_lm_head - h0;
     S->sampling_ms = t1 - ts - e->step_grammar_ms;
     S->grammar_ms = e->step_grammar_ms;
-    S->draft_ms = 0;
+    S->draft_ms = e->step_draft_ms;
     S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms;
     return drained + drain(e, events, max_events);
 }

@@ -246,6 +246,7 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
     row_task t = { .c = c, .b = b, .n = n, .dim = D };
     for (int l = 0; l < I->n_layer; l++) {
         const cb_layer *L = &m->layers[l];
+        if (c->skip_layer && c->skip_layer[l]) continue;  /* residual passes through unchanged */
         t.layer = l;
         /* attention */
         t.norm_w = L->attn_norm; t.in = c->x; t.out = c->xb;

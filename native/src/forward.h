@@ -34,6 +34,7 @@ typedef struct {
     float *xl;                    /* rows gathered for the head [n_logits x n_embd] */
     float *logits;                /* output                     [n_logits x n_vocab] */
     void  *mm_scratch;            /* quantized activations for cb_matmul */
+    const uint8_t *skip_layer;    /* [n_layer] 1 = skip this block (self-speculative drafts); NULL = run all */
     /* time accumulated by phase since the last reset (ms) */
     double t_matmul, t_attention, t_lm_head, t_other;
 } cb_ctx;

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdarg.h>
+#include <pthread.h>
 
 #include "colibri.h"
 #include "grammar.h"
@@ -40,6 +41,8 @@
 #define G_MAX_ELEMS     (1u << 20) /* elements over all rules (after expansion) */
 #define G_MAX_RULES     (1u << 18) /* rules, named + generated */
 #define G_MAX_CP        0x10FFFFu
+#define G_SC_N          64         /* masks in the grammar's shared cache */
+#define G_SC_KEY        512        /* largest state encoding (words) the shared cache keeps */
 
 /* matcher bounds (per matcher; see cb_matcher_new for the memory they cost) */
 #define M_MAX_STATES    2048       /* interned DFA states in one pool (uint16 ids, 0xFFFF = unknown) */
@@ -98,6 +101,22 @@ struct cb_grammar {
     uint32_t *tn_tok_off; /* [n_nodes + 1] tokens ending at node i: tn_tok[tn_tok_off[i]..tn_tok_off[i+1]) */
     int32_t  *tn_tok;     /* token ids in trie order */
     int       max_depth;  /* longest text token in bytes */
+    /* Shared mask cache: masks are a pure function of the parse state, so
+     * matchers of the same grammar (other requests, other engines) share the
+     * masks they computed.  The only mutable part of a grammar; guarded by
+     * sc_lock.  Entries are keyed by the state's encoding (not by ids, which
+     * are per matcher). */
+    pthread_mutex_t sc_lock;
+    int       sc_ready;   /* 1: sc_lock initialized and buffers allocated */
+    uint32_t  sc_words;   /* mask words per entry */
+    uint32_t *sc_mask;    /* [G_SC_N * sc_words] */
+    uint32_t *sc_key;     /* [G_SC_N * G_SC_KEY] state encodings */
+    uint32_t  sc_nkey[G_SC_N];   /* words of key (UINT32_MAX = empty slot) */
+    uint32_t  sc_hash[G_SC_N];   /* state hash (includes the partial code point) */
+    uint32_t  sc_part[G_SC_N];   /* pval | prem << 24 | plen << 28 */
+    int32_t   sc_count[G_SC_N];  /* allowed tokens */
+    uint64_t  sc_used[G_SC_N];   /* LRU tick */
+    uint64_t  sc_tick;
 };
 
 /* ------------------------------------------------------------ parser */
@@ -389,7 +408,7 @@ static int finish_class(parser *p, uint32_t first, int negated, uint32_t *out_id
         }
         if (next <= G_MAX_CP) { t[2 * nt] = next; t[2 * nt + 1] = G_MAX_CP; nt++; }
     } else {
-        memcpy(t, r, (size_t)m * 2 * sizeof *t);
+        if (m) memcpy(t, r, (size_t)m * 2 * sizeof *t);
         nt = m;
     }
     p->n_rng = first;
@@ -875,6 +894,8 @@ void cb_grammar_free(cb_grammar *g) {
     free(g->el); free(g->alt_off); free(g->alt_pos); free(g->rng); free(g->cls_off);
     free(g->tok_bytes); free(g->tok_off); free(g->tok_kind); free(g->eog_ids);
     free(g->tn_byte); free(g->tn_depth); free(g->tn_end); free(g->tn_tok_off); free(g->tn_tok);
+    if (g->sc_ready) pthread_mutex_destroy(&g->sc_lock);
+    free(g->sc_mask); free(g->sc_key);
     free(g);
 }
 
@@ -964,6 +985,12 @@ int cb_grammar_compile_vocab(const cb_vocab_view *vocab, const char *text, size_
     if (!g->cls_off) { g->cls_off = calloc(1, sizeof *g->cls_off); if (!g->cls_off) { rc = nomem(&P); goto fail; } }
     rc = build_vocab(g, vocab, err, err_len);
     if (rc) goto fail;
+    g->sc_words = ((uint32_t)g->n_vocab + 31) / 32;
+    g->sc_mask = malloc((size_t)G_SC_N * (g->sc_words ? g->sc_words : 1) * sizeof *g->sc_mask);
+    g->sc_key = malloc((size_t)G_SC_N * G_SC_KEY * sizeof *g->sc_key);
+    if (!g->sc_mask || !g->sc_key || pthread_mutex_init(&g->sc_lock, NULL) != 0) { rc = nomem(&P); goto fail; }
+    g->sc_ready = 1;
+    for (int i = 0; i < G_SC_N; i++) { g->sc_nkey[i] = UINT32_MAX; g->sc_used[i] = 0; }
     parser_free(&P);
     free(prod); free(nullable);
     *out = g;
@@ -1025,7 +1052,9 @@ struct cb_matcher {
     uint32_t *bs_off;      /* [M_BUILD_STACKS] stack i = bw[bs_off[i]] .. + bs_len[i] */
     uint32_t *bs_len;
     uint32_t  bs_n;
-    int32_t  *vis;         /* [2 * M_BUILD_STACKS] dedupe table of builder stacks: index or -1 */
+    int32_t  *vis;         /* [2 * M_BUILD_STACKS] dedupe table of builder stacks: index, valid iff vis_gen matches */
+    uint32_t *vis_gen;     /* [2 * M_BUILD_STACKS] generation that wrote the slot (no clearing per transition) */
+    uint32_t  gen;         /* current builder generation */
     uint32_t *todo;        /* [M_BUILD_STACKS] */
     uint32_t *res;         /* [M_BUILD_STACKS] result stacks */
     uint32_t *out;         /* [M_BUILD_WORDS] encoded result */
@@ -1108,9 +1137,26 @@ static void mask_cache_clear(cb_matcher *m) {
 
 /* Copying collection: move the states reachable from the roots (current,
  * history, in-flight walk, *extra) into the other pool, renumber them, and
- * drop every cached transition and mask. */
+ * drop every cached transition and mask.  A first pass sizes the live set,
+ * so a collection either completes or changes nothing (CB_ERR_UNSUPPORTED:
+ * the live states alone do not fit a pool). */
 static int collect(cb_matcher *m, uint16_t *extra) {
     mpool *from = &m->pool[m->cur_pool];
+    int extra_in_walk = extra && extra >= m->walk && extra < m->walk + m->walk_n;
+    if (extra_in_walk) extra = NULL;  /* do not renumber it twice */
+    /* pass 1: size the live set (remap used as a seen-mark) */
+    for (uint32_t i = 0; i < from->n_st; i++) m->remap[i] = M_UNKNOWN;
+    uint64_t words = 0;
+    uint32_t states = 1;
+#define SIZE(id) do { uint16_t id_ = (id); \
+        if (id_ && m->remap[id_] == M_UNKNOWN) { m->remap[id_] = 0; states++; words += from->st[id_].nwords; } } while (0)
+    SIZE(m->cur);
+    for (int i = 0; i < m->hist_n; i++) SIZE(m->hist_st[(m->hist_head - 1 - i + 2 * M_HIST) % M_HIST]);
+    for (int i = 0; i < m->walk_n; i++) SIZE(m->walk[i]);
+    if (extra) SIZE(*extra);
+#undef SIZE
+    if (states > M_MAX_STATES / 2 || words > M_ARENA_WORDS / 2) return CB_ERR_UNSUPPORTED;
+    /* pass 2: move */
     m->cur_pool ^= 1;
     mpool *to = &m->pool[m->cur_pool];
     to->n_st = 0;
@@ -1118,28 +1164,20 @@ static int collect(cb_matcher *m, uint16_t *extra) {
     ht_clear(m);
     for (uint32_t i = 0; i < from->n_st; i++) m->remap[i] = M_UNKNOWN;
     m->stats.gcs++;
-    /* dead state keeps id 0 */
-    int id0 = intern(m, NULL, 0, 0, 0, 0, 0);
-    if (id0 != 0) return CB_ERR_NOMEM;
+    intern(m, NULL, 0, 0, 0, 0, 0);  /* the dead state keeps id 0 */
     m->remap[0] = 0;
 #define MOVE(ref) do { \
         uint16_t old_ = (ref); \
         if (m->remap[old_] == M_UNKNOWN) { \
             const mstate *s_ = &from->st[old_]; \
-            int nid_ = intern(m, from->arena + s_->off, s_->nwords, s_->nstacks, s_->pval, s_->prem, s_->plen); \
-            if (nid_ < 0) return CB_ERR_NOMEM; \
-            m->remap[old_] = (uint16_t)nid_; \
+            m->remap[old_] = (uint16_t)intern(m, from->arena + s_->off, s_->nwords, s_->nstacks, s_->pval, s_->prem, s_->plen); \
         } \
         (ref) = m->remap[old_]; \
     } while (0)
     MOVE(m->cur);
-    for (int i = 0; i < m->hist_n; i++) {
-        int k = (m->hist_head - 1 - i + 2 * M_HIST) % M_HIST;
-        MOVE(m->hist_st[k]);
-    }
+    for (int i = 0; i < m->hist_n; i++) MOVE(m->hist_st[(m->hist_head - 1 - i + 2 * M_HIST) % M_HIST]);
     for (int i = 0; i < m->walk_n; i++) MOVE(m->walk[i]);
-    /* extra may be one of the walk entries: do not renumber it twice */
-    if (extra && !(extra >= m->walk && extra < m->walk + m->walk_n)) MOVE(*extra);
+    if (extra) MOVE(*extra);
 #undef MOVE
     mask_cache_clear(m);
     return CB_OK;
@@ -1150,7 +1188,10 @@ static int collect(cb_matcher *m, uint16_t *extra) {
 static void build_reset(cb_matcher *m) {
     m->bw_n = 0;
     m->bs_n = 0;
-    memset(m->vis, 0xFF, 2 * M_BUILD_STACKS * sizeof *m->vis);
+    if (++m->gen == 0) {  /* wrapped: really clear once */
+        memset(m->vis_gen, 0, 2 * M_BUILD_STACKS * sizeof *m->vis_gen);
+        m->gen = 1;
+    }
 }
 
 /* Add the stack base[0..nb) + (x if hx) + (y if hy) to the builder unless an
@@ -1167,8 +1208,8 @@ static int build_push(cb_matcher *m, const uint32_t *base, uint32_t nb, uint32_t
     if (hy) w[k++] = y;
     uint32_t h = hash_words(w, len, len), mask = 2 * M_BUILD_STACKS - 1;
     for (uint32_t slot = h & mask;; slot = (slot + 1) & mask) {
+        if (m->vis_gen[slot] != m->gen) { m->vis_gen[slot] = m->gen; m->vis[slot] = (int32_t)m->bs_n; break; }
         int32_t j = m->vis[slot];
-        if (j < 0) { m->vis[slot] = (int32_t)m->bs_n; break; }
         if (m->bs_len[j] == len && memcmp(m->bw + m->bs_off[j], w, len * sizeof *w) == 0) return -1;
     }
     m->bs_off[m->bs_n] = m->bw_n;
@@ -1299,7 +1340,7 @@ static int compute_trans(cb_matcher *m, uint16_t *sid, uint8_t byte) {
         int rc = collect(m, sid);
         if (rc) return rc;
         id = intern(m, m->out, nw, ns, pval, prem, plen);
-        if (id == ERR_FULL) return CB_ERR_NOMEM;
+        if (id == ERR_FULL) return CB_ERR_UNSUPPORTED;  /* live states + this one exceed a pool */
     }
     return id;
 }
@@ -1336,7 +1377,7 @@ void cb_matcher_free(cb_matcher *m) {
     if (!m) return;
     for (int i = 0; i < 2; i++) { free(m->pool[i].st); free(m->pool[i].arena); }
     free(m->ht); free(m->trans); free(m->remap);
-    free(m->bw); free(m->bs_off); free(m->bs_len); free(m->vis); free(m->todo); free(m->res); free(m->out);
+    free(m->bw); free(m->bs_off); free(m->bs_len); free(m->vis); free(m->vis_gen); free(m->todo); free(m->res); free(m->out);
     free(m->walk); free(m->mc_mask);
     free(m);
 }
@@ -1362,6 +1403,7 @@ int cb_matcher_new(const cb_grammar *g, cb_matcher **out) {
     m->bs_off = malloc(M_BUILD_STACKS * sizeof *m->bs_off);
     m->bs_len = malloc(M_BUILD_STACKS * sizeof *m->bs_len);
     m->vis = malloc(2 * M_BUILD_STACKS * sizeof *m->vis);
+    m->vis_gen = calloc(2 * M_BUILD_STACKS, sizeof *m->vis_gen);
     m->todo = malloc(M_BUILD_STACKS * sizeof *m->todo);
     m->res = malloc(M_BUILD_STACKS * sizeof *m->res);
     m->out = malloc(M_BUILD_WORDS * sizeof *m->out);
@@ -1369,7 +1411,7 @@ int cb_matcher_new(const cb_grammar *g, cb_matcher **out) {
     m->n_words = ((uint32_t)g->n_vocab + 31) / 32;
     m->mc_mask = malloc((size_t)M_MASK_CACHE * (m->n_words ? m->n_words : 1) * sizeof *m->mc_mask);
     if (!m->pool[0].st || !m->pool[0].arena || !m->pool[1].st || !m->pool[1].arena || !m->ht || !m->trans ||
-        !m->remap || !m->bw || !m->bs_off || !m->bs_len || !m->vis || !m->todo || !m->res || !m->out ||
+        !m->remap || !m->bw || !m->bs_off || !m->bs_len || !m->vis || !m->vis_gen || !m->todo || !m->res || !m->out ||
         !m->walk || !m->mc_mask) {
         cb_matcher_free(m);
         return CB_ERR_NOMEM;
@@ -1448,6 +1490,47 @@ int cb_matcher_rollback(cb_matcher *m, int n) {
     return CB_OK;
 }
 
+/* The grammar's shared mask cache (see struct cb_grammar).  The lock is
+ * held only to compare keys and copy one mask. */
+static int shared_lookup(cb_matcher *m, uint32_t *mask) {
+    cb_grammar *g = (cb_grammar *)m->g;  /* only the synchronized cache is written */
+    const mstate *s = &m->pool[m->cur_pool].st[m->cur];
+    if (s->nwords > G_SC_KEY) return -1;
+    const uint32_t *key = m->pool[m->cur_pool].arena + s->off;
+    uint32_t part = s->pval | (uint32_t)s->prem << 24 | (uint32_t)s->plen << 28;
+    int count = -1;
+    pthread_mutex_lock(&g->sc_lock);
+    for (int i = 0; i < G_SC_N; i++)
+        if (g->sc_nkey[i] == s->nwords && g->sc_hash[i] == s->hash && g->sc_part[i] == part &&
+            memcmp(g->sc_key + (size_t)i * G_SC_KEY, key, s->nwords * sizeof *key) == 0) {
+            memcpy(mask, g->sc_mask + (size_t)i * g->sc_words, g->sc_words * sizeof *mask);
+            g->sc_used[i] = ++g->sc_tick;
+            count = g->sc_count[i];
+            break;
+        }
+    pthread_mutex_unlock(&g->sc_lock);
+    if (count >= 0) m->stats.shared_hits++;
+    return count;
+}
+
+static void shared_store(cb_matcher *m, const uint32_t *mask, int count) {
+    cb_grammar *g = (cb_grammar *)m->g;
+    const mstate *s = &m->pool[m->cur_pool].st[m->cur];
+    if (s->nwords > G_SC_KEY) return;
+    const uint32_t *key = m->pool[m->cur_pool].arena + s->off;
+    pthread_mutex_lock(&g->sc_lock);
+    int lru = 0;
+    for (int i = 1; i < G_SC_N; i++) if (g->sc_used[i] < g->sc_used[lru]) lru = i;
+    g->sc_nkey[lru] = s->nwords;
+    g->sc_hash[lru] = s->hash;
+    g->sc_part[lru] = s->pval | (uint32_t)s->prem << 24 | (uint32_t)s->plen << 28;
+    g->sc_count[lru] = count;
+    g->sc_used[lru] = ++g->sc_tick;
+    if (s->nwords) memcpy(g->sc_key + (size_t)lru * G_SC_KEY, key, s->nwords * sizeof *key);
+    memcpy(g->sc_mask + (size_t)lru * g->sc_words, mask, g->sc_words * sizeof *mask);
+    pthread_mutex_unlock(&g->sc_lock);
+}
+
 /* The mask walk: preorder over the trie, one cached transition per node,
  * a dead state skips the node's whole subtree. */
 static int walk_trie(cb_matcher *m, uint32_t *mask) {
@@ -1500,11 +1583,15 @@ int cb_matcher_fill_mask(cb_matcher *m, uint32_t *mask) {
             m->stats.mask_cache_hits++;
             return m->mc_count[i];
         }
-    memset(mask, 0, m->n_words * sizeof *mask);
-    int count = walk_trie(m, mask);
-    if (count < 0) return count;
-    if (cb_matcher_is_accepting(m))
-        for (int i = 0; i < g->n_eog; i++) { int id = g->eog_ids[i]; mask[id >> 5] |= 1u << (id & 31); count++; }
+    int count = shared_lookup(m, mask);
+    if (count < 0) {
+        memset(mask, 0, m->n_words * sizeof *mask);
+        count = walk_trie(m, mask);
+        if (count < 0) return count;
+        if (cb_matcher_is_accepting(m))
+            for (int i = 0; i < g->n_eog; i++) { int id = g->eog_ids[i]; mask[id >> 5] |= 1u << (id & 31); count++; }
+        shared_store(m, mask, count);
+    }
     int lru = 0;
     for (int i = 1; i < M_MASK_CACHE; i++) if (m->mc_used[i] < m->mc_used[lru]) lru = i;
     m->mc_key[lru] = m->cur;

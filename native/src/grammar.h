@@ -40,6 +40,7 @@ int cb_matcher_accept_bytes(cb_matcher *m, const uint8_t *bytes, size_t n);
 typedef struct {
     uint64_t mask_calls;      /* cb_matcher_fill_mask calls */
     uint64_t mask_cache_hits; /* of which answered from the per-matcher mask cache */
+    uint64_t shared_hits;     /* of which answered from the grammar's shared mask cache */
     uint64_t trie_nodes;      /* trie nodes visited by walks (cache misses) */
     uint64_t transitions;     /* DFA transitions computed (slow path) */
     uint64_t gcs;             /* state-pool compactions */

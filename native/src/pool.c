@@ -3,8 +3,11 @@
  *
  * Decode issues a few hundred runs per token, so a run must cost about a
  * microsecond: the caller publishes (fn, ctx) and bumps an atomic generation
- * counter that idle workers spin on; each worker decrements an atomic pending
- * counter when its share is done and the caller spins until it reaches zero.
+ * counter that idle workers spin on; each worker claims its share ith with an
+ * atomic exchange, runs it and decrements an atomic pending counter, and the
+ * caller spins until pending reaches zero.  After its own share the caller
+ * claims and runs every share no worker has claimed yet, so a run never waits
+ * for a thread that is asleep or preempted (the machine's 2 cores are shared).
  * A worker that has spun for CB_POOL_SPIN_NS without a new generation goes to
  * sleep on a condition variable (so an idle engine burns no CPU); the caller
  * wakes sleepers only when some are registered, which keeps the hot path free
@@ -29,15 +32,17 @@
 
 /* How long an idle worker spins before sleeping. */
 #define CB_POOL_SPIN_NS 2000000LL
-/* The caller waiting for stragglers yields the CPU after this many spins
- * (a worker may have been preempted by another process). */
-#define CB_POOL_YIELD_SPINS 20000
+/* Pause-spins before a waiting thread starts yielding the CPU between polls
+ * (a thread we wait for may have been preempted: 2 cores are shared). */
+#define CB_POOL_PAUSE_SPINS 4000
 
 struct cb_pool;
 
 typedef struct {
     struct cb_pool *pool;  /* owner */
     int             ith;   /* this worker's index in [1, n) */
+    atomic_int      taken; /* 0: this run's share ith is unclaimed; 1: claimed (by the worker or the caller) */
+    char            pad[64 - sizeof(void *) - 2 * sizeof(int)];  /* one cache line per worker */
 } cb_worker;
 
 struct cb_pool {
@@ -67,7 +72,10 @@ static unsigned wait_gen(struct cb_pool *p, unsigned seen) {
     for (unsigned spins = 0;; spins++) {
         const unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen) return g;
-        cpu_relax();
+        /* pause first (lowest latency); then also yield, so that when the
+         * machine is oversubscribed the thread we wait for can run */
+        if (spins < CB_POOL_PAUSE_SPINS) cpu_relax();
+        else sched_yield();
         if ((spins & 255) == 255) {
             const int64_t t = now_ns();
             if (t0 == 0) t0 = t;
@@ -93,8 +101,12 @@ static void *worker_main(void *arg) {
     for (;;) {
         seen = wait_gen(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
-        p->fn(p->ctx, w->ith, p->n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        /* The caller may already have run our share (we were late); the
+         * exchange decides who runs it, exactly once. */
+        if (atomic_exchange(&w->taken, 1) == 0) {
+            p->fn(p->ctx, w->ith, p->n);
+            atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        }
     }
     return NULL;
 }
@@ -128,6 +140,7 @@ cb_pool *cb_pool_new(int n_threads) {
     for (int i = 0; i < n_threads - 1; i++) {
         p->workers[i].pool = p;
         p->workers[i].ith = i + 1;
+        atomic_init(&p->workers[i].taken, 1);
         if (pthread_create(&p->threads[i], NULL, worker_main, &p->workers[i]) != 0) {
             cb_pool_free(p);
             return NULL;
@@ -158,10 +171,21 @@ void cb_pool_run(cb_pool *p, cb_pool_fn fn, void *ctx) {
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-    bump_and_wake(p);  /* releases fn, ctx and pending to the workers */
+    for (int i = 0; i < p->n - 1; i++) atomic_store(&p->workers[i].taken, 0);
+    bump_and_wake(p);  /* releases fn, ctx, pending and taken to the workers */
     fn(ctx, 0, p->n);
+    /* Shares no worker has claimed yet (asleep, or preempted on a busy
+     * machine) are run here rather than waited for: with work handed out in
+     * chunks they are usually empty, and waiting for a descheduled thread
+     * costs a scheduler tick. */
+    for (int i = 0; i < p->n - 1; i++) {
+        if (atomic_exchange(&p->workers[i].taken, 1) == 0) {
+            fn(ctx, i + 1, p->n);
+            atomic_fetch_sub_explicit(&p->pending, 1, memory_order_relaxed);
+        }
+    }
     for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; spins++) {
-        if (spins < CB_POOL_YIELD_SPINS) cpu_relax();
+        if (spins < CB_POOL_PAUSE_SPINS) cpu_relax();
         else sched_yield();
     }
 }

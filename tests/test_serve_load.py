@@ -1,0 +1,136 @@
+"""Serving under load: 16 concurrent streaming clients (raw sockets), 4 of
+which disconnect mid-stream.  Every remaining stream must produce exactly the
+greedy text of a non-concurrent run (batch invariance through HTTP), the
+disconnected requests must be cancelled, and afterwards nothing is left
+running and every KV slot is free."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from colibri_lab.server import Server
+from test_serve_util import make_engine, raw, sse_events, wait_idle
+
+pytestmark = pytest.mark.smollm2
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,"]
+N_CLIENTS = 16
+N_DROP = 4
+MAX_TOKENS = 12
+DROP_MAX_TOKENS = 400   # would take long if cancellation did not work
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    eng = make_engine(smollm2_path)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    srv = Server(engine, port=0, model_id="smollm2").start()
+    yield srv
+    srv.stop()
+
+
+def _request(port, body) -> socket.socket:
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=300)
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+    return s
+
+
+def _stream_text(body: bytes) -> str:
+    head, _, rest = body.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    out = []
+    for _, d in sse_events(rest):
+        if d == "[DONE]":
+            break
+        out.append(json.loads(d)["choices"][0]["text"])
+    return "".join(out)
+
+
+def test_concurrent_streams_with_disconnects(server, engine):
+    # references: one at a time, through HTTP, greedy
+    ref = {}
+    for p in PROMPTS:
+        st, _, data = raw(server, "POST", "/v1/completions",
+                          {"model": "smollm2", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0})
+        assert st == 200
+        ref[p] = json.loads(data)["choices"][0]["text"]
+    wait_idle(engine)
+    before = server.metrics.finished.get("cancelled", 0)
+
+    results: dict[int, object] = {}
+    start = threading.Barrier(N_CLIENTS)
+
+    def client(i):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        drop = i < N_DROP
+        try:
+            start.wait(30)
+            s = _request(server.port, {"model": "smollm2", "prompt": prompt, "stream": True, "temperature": 0,
+                                       "max_tokens": DROP_MAX_TOKENS if drop else MAX_TOKENS})
+            buf = b""
+            with s:
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                    if drop and buf.count(b"data: ") >= 3:   # got some tokens: hang up mid-stream
+                        s.shutdown(socket.SHUT_RDWR)
+                        results[i] = "dropped"
+                        return
+            results[i] = _stream_text(buf)
+        except Exception as e:  # reported below
+            results[i] = e
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(N_CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not any(t.is_alive() for t in threads)
+    for i in range(N_CLIENTS):
+        r = results.get(i)
+        assert not isinstance(r, Exception), (i, r)
+        if i < N_DROP:
+            assert r == "dropped"
+        else:
+            assert r == ref[PROMPTS[i % len(PROMPTS)]], (i, r)
+
+    wait_idle(engine, timeout=120)
+    assert engine.scheduler.n_active == 0
+    for slot in range(engine.params["n_slots"]):
+        assert engine.core.slot_info(slot)["busy"] is False
+    # the disconnected requests were cancelled, not run to their 400-token budget
+    deadline = time.time() + 10
+    while server.metrics.finished.get("cancelled", 0) - before < N_DROP and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.metrics.finished.get("cancelled", 0) - before == N_DROP
+    # and the server still answers
+    st, _, data = raw(server, "POST", "/v1/completions",
+                      {"model": "smollm2", "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0})
+    assert st == 200 and json.loads(data)["choices"][0]["text"] == ref[PROMPTS[0]]
+
+
+def test_non_stream_disconnect_cancels(server, engine):
+    wait_idle(engine)
+    before = server.metrics.finished.get("cancelled", 0)
+    s = _request(server.port, {"model": "smollm2", "prompt": "Tell me a very long story:", "temperature": 0,
+                               "max_tokens": DROP_MAX_TOKENS})
+    time.sleep(0.5)
+    s.close()
+    wait_idle(engine, timeout=60)
+    deadline = time.time() + 10
+    while server.metrics.finished.get("cancelled", 0) == before and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.metrics.finished.get("cancelled", 0) == before + 1

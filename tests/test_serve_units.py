@@ -1,0 +1,148 @@
+"""Pure-Python pieces of the server (no model): validation, tool-call parsing
+and streaming decisions, timings, Prometheus histograms, CLI options."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import jsonschema
+import pytest
+
+from colibri_lab.server import common as C
+from colibri_lab.server.metrics import Histogram, Metrics
+from colibri_lab.server.openai_api import ChoiceStream
+from colibri_lab.server.prep import ToolMode
+
+TOOLS = [{"name": "get_weather", "description": "", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    {"name": "get_time", "description": "", "parameters": None}]
+
+
+def test_body_allowlist_and_types():
+    with pytest.raises(C.ApiError) as ei:
+        C.Body({"model": "m", "wat": 1}, {"model"})
+    assert ei.value.status == 400 and ei.value.param == "wat"
+    b = C.Body({"model": "m", "user": "u", "t": 0.5, "n": 2.0}, {"model", "t", "n"}, ignored={"user"})
+    assert "user" not in b.d
+    assert b.num("t", 1.0, 0, 2) == 0.5 and b.int("n", 1, 1) == 2
+    for bad in ("x", True, float("nan")):
+        with pytest.raises(C.ApiError):
+            C.Body({"t": bad}, {"t"}).num("t", 1.0)
+    with pytest.raises(C.ApiError):
+        C.Body([], {"t"})
+
+
+def test_logit_bias_clamped_and_checked():
+    assert C.logit_bias({"5": 250, "6": -1000, "7": 3}, "logit_bias", 10) == {5: 100.0, 6: -100.0, 7: 3.0}
+    for bad in ({"x": 1}, {"10": 1}, {"-1": 1}, {"1": "a"}, [1]):
+        with pytest.raises(C.ApiError):
+            C.logit_bias(bad, "logit_bias", 10)
+
+
+def test_stop_list():
+    assert C.stop_list("a", "stop", 4) == ["a"]
+    assert C.stop_list(None, "stop", 4) == []
+    for bad in (["a"] * 5, [""], 3, ["a", 1]):
+        with pytest.raises(C.ApiError):
+            C.stop_list(bad, "stop", 4)
+
+
+def test_parse_tool_calls():
+    one = C.parse_tool_calls('{"name": "get_weather", "arguments": {"city": "Paris"}}', TOOLS)
+    assert one == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    many = C.parse_tool_calls('[{"name": "get_time", "arguments": {}}, '
+                              '{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}]', TOOLS)
+    assert [c["name"] for c in many] == ["get_time", "get_weather"] and many[1]["arguments"] == {"city": "Rome"}
+    fenced = C.parse_tool_calls('```json\n{"name": "get_time", "arguments": {}}\n```', TOOLS)
+    tagged = C.parse_tool_calls('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', TOOLS)
+    assert fenced == tagged == [{"name": "get_time", "arguments": {}}]
+    for text in ("Hello", '{"name": "nope", "arguments": {}}', '{"name": "get_time", "arguments": 3}',
+                 '{"name": "get_time"', "[]", ""):
+        assert C.parse_tool_calls(text, TOOLS) is None, text
+
+
+def test_tool_call_schema_validates_calls():
+    s = C.tool_call_schema(TOOLS, None, parallel=False)
+    jsonschema.validate({"name": "get_weather", "arguments": {"city": "Paris"}}, s)
+    jsonschema.validate({"name": "get_time", "arguments": {}}, s)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_weather", "arguments": {}}, s)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "other", "arguments": {}}, s)
+    named = C.tool_call_schema(TOOLS, "get_time", parallel=False)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_weather", "arguments": {"city": "x"}}, named)
+    par = C.tool_call_schema(TOOLS, None, parallel=True)
+    jsonschema.validate([{"name": "get_time", "arguments": {}}], par)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([], par)
+
+
+def test_choice_stream_auto_decides():
+    tm = ToolMode(tools=TOOLS, choice="auto")
+    st = ChoiceStream(tm)
+    assert st.feed(" ") == ""            # undecided: whitespace only
+    assert st.feed("Hel") == " Hel"       # plain text: flushed and passed through from then on
+    assert st.feed("lo") == "lo"
+    assert st.finish() == ("", None)
+    st = ChoiceStream(tm)
+    assert st.feed('{"name": "get_time", ') == ""
+    assert st.feed('"arguments": {}}') == ""
+    assert st.finish() == ("", [{"name": "get_time", "arguments": {}}])
+    st = ChoiceStream(tm)
+    assert st.feed("{not a call}") == ""
+    assert st.finish() == ("{not a call}", None)
+    st = ChoiceStream(ToolMode())
+    assert st.feed("{x") == "{x"
+
+
+def test_timings_shape():
+    t = C.timings({"prompt_tokens": 30, "cached_tokens": 10, "completion_tokens": 5, "prefill_ms": 40.0,
+                   "decode_ms": 20.0, "draft_n": 3, "draft_accepted": 2})
+    assert t["cache_n"] == 10 and t["prompt_n"] == 20 and t["prompt_per_token_ms"] == 2.0
+    assert t["prompt_per_second"] == 500.0 and t["predicted_per_second"] == 250.0
+    assert t["draft_n"] == 3 and t["draft_n_accepted"] == 2
+    z = C.timings({})
+    assert z["prompt_per_second"] == 0.0 and z["predicted_per_token_ms"] == 0.0
+
+
+def test_histogram_and_render():
+    h = Histogram((0.1, 1.0))
+    h.observe(0.05)
+    h.observe(0.5, n=3)
+    h.observe(5.0)
+    out = []
+    h.render("x", out)
+    assert out[:3] == ['x_bucket{le="0.1"} 1', 'x_bucket{le="1.0"} 4', 'x_bucket{le="+Inf"} 5']
+    assert out[-1] == "x_count 5"
+    m = Metrics()
+    m.record({"prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 3, "ttft_ms": 50, "tpot_ms": 10,
+              "e2e_ms": 80, "queue_ms": 1, "finish_reason": "stop"})
+    text = m.render(1, 2, "m")
+    assert 'colibri:prefix_cache_hits_total{model_name="m"} 4' in text
+    assert 'colibri:inter_token_latency_seconds_count 2' in text
+    assert 'colibri:num_requests_waiting{model_name="m"} 2' in text
+    assert 'finished_reason="stop"} 1' in text
+    p = m.profile([{"step_ms": 2.0}, {"step_ms": 4.0}])
+    assert p["n"] == 1 and p["prefix_cache_hit_rate"] == 0.4 and p["steps"]["step_ms_p50"] == 3.0
+
+
+def test_cli_options_shared():
+    from colibri_lab import serve
+
+    ap = argparse.ArgumentParser()
+    serve.add_arguments(ap)
+    a = ap.parse_args(["--model", "x.gguf", "--port", "0", "--cors-origin", "https://a", "--cors-origin",
+                       "https://b", "--allowed-host", "h", "--slots", "2", "--ctx", "512", "--threads", "1",
+                       "--max-queue", "3", "--model-id", "mine", "--api-key", "k"])
+    assert a.cors_origin == ["https://a", "https://b"] and a.allowed_host == ["h"]
+    assert (a.slots, a.ctx, a.threads, a.max_queue, a.model_id, a.api_key, a.host) == (2, 512, 1, 3, "mine", "k",
+                                                                                      "127.0.0.1")
+
+
+def test_error_shapes():
+    e = C.ApiError(429, "slow down", headers={"Retry-After": "1"})
+    assert e.openai() == {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": None}}
+    assert e.anthropic() == {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    assert C.ApiError(503, "x").anthropic()["error"]["type"] == "overloaded_error"
+    json.dumps(C.ApiError(400, "x", param="p", code="c").openai())
