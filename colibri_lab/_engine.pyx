@@ -152,6 +152,7 @@ cdef extern from "colibri.h" nogil:
         int32_t top_tokens[20]
         float top_logprobs[20]
         const float *logits
+        int drafted
         cb_request_metrics metrics
         int status
         char message[160]
@@ -727,7 +728,8 @@ cdef class Engine:
         for i in range(n):
             ev = &self.events[i]
             if ev.type == CB_EVENT_TOKEN:
-                d = {"type": "token", "id": ev.id, "token": ev.token, "logprob": ev.logprob}
+                d = {"type": "token", "id": ev.id, "token": ev.token, "logprob": ev.logprob,
+                     "draft_accepted": bool(ev.drafted)}
                 if ev.n_top:
                     d["top"] = [(ev.top_tokens[j], ev.top_logprobs[j]) for j in range(ev.n_top)]
                 if ev.logits != NULL:

@@ -5,6 +5,8 @@
     colibri-lab models list
     colibri-lab models pull smollm2
     colibri-lab info [--model PATH]
+    colibri-lab run experiments/tour.toml [--small]
+    colibri-lab serve --model smollm2 --port 8080
 """
 from __future__ import annotations
 
@@ -114,6 +116,61 @@ def cmd_info(a) -> int:
     return 0
 
 
+def save_plots(res, out_dir) -> list:
+    """Write the figures that fit the results' columns next to them; returns the paths."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from colibri_lab import plots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    req, steps = res.requests, res.steps
+    figures = {"latency_cdf_ttft": lambda: plots.latency_cdf(req, "ttft_ms"),
+               "latency_cdf_e2e": lambda: plots.latency_cdf(req, "e2e_ms")}
+    if "turn" in req and req["turn"].max() > 0:
+        figures["prefix_hit_ratio_by_turn"] = lambda: plots.prefix_hit_ratio_by_turn(req)
+    if "draft_n" in req and req["draft_n"].sum() > 0:
+        figures["acceptance_by_position"] = lambda: plots.acceptance_by_position(req)
+    if "grammar_mask_us" in req and req["grammar_mask_us"].sum() > 0:
+        figures["grammar_mask_per_token"] = lambda: plots.grammar_mask_per_token(req)
+    if "concurrency" in req and req["concurrency"].nunique() > 1:
+        figures["throughput_vs_concurrency"] = lambda: plots.throughput_vs_concurrency(req)
+    if steps is not None and len(steps):
+        figures["step_breakdown"] = lambda: plots.step_breakdown(steps)
+    paths = []
+    for name, make in figures.items():
+        fig = make()
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        paths.append(path)
+    return paths
+
+
+def cmd_run(a) -> int:
+    from colibri_lab.experiments import run_spec, summary_table
+
+    res = run_spec(a.spec, small=True if a.small else None, save=not a.no_save)
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(summary_table(res).to_string())
+    out = getattr(res, "path", None) or "."
+    for p in save_plots(res, out):
+        print(f"plot: {p}")
+    if getattr(res, "path", None):
+        print(f"results: {res.path}")
+    return 0
+
+
+def cmd_serve(a) -> int:
+    from colibri_lab import serve
+
+    return serve.run(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="colibri-lab", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -137,6 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
     pl = msub.add_parser("pull")
     pl.add_argument("name")
     m.set_defaults(func=cmd_models)
+
+    r = sub.add_parser("run", help="run an experiment spec (TOML): table, results and plots")
+    r.add_argument("spec")
+    r.add_argument("--small", action="store_true", help="the spec's small (CI) sizes")
+    r.add_argument("--no-save", action="store_true", help="do not write results")
+    r.set_defaults(func=cmd_run)
+
+    from colibri_lab import serve
+
+    sv = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server")
+    serve.add_arguments(sv)
+    sv.set_defaults(func=cmd_serve)
 
     i = sub.add_parser("info", help="print a model's hyperparameters and the SIMD paths")
     i.add_argument("--model", default="smollm2")

@@ -173,6 +173,12 @@ class Engine:
         lead = [m for m in messages[:2]]
         return hashlib.sha1(repr([(m.get("role"), m.get("content")) for m in lead]).encode()).hexdigest()[:16]
 
+    def clear_cache(self) -> None:
+        """Forget every idle slot's KV and the conversation -> slot pins (cold start for an A/B block)."""
+        self.scheduler.clear_conversations()
+        for s in range(self.params["n_slots"]):
+            self.scheduler.call(lambda core, s=s: core.slot_info(s)["busy"] or core.slot_clear(s))
+
     # -------------------------------------------------------------- grammar
     def compile_grammar(self, gbnf: str) -> "_engine.Grammar":
         """Compile GBNF text against this model's vocabulary (cached: compile once, reuse)."""
@@ -278,7 +284,8 @@ class Engine:
             for ev in handle:
                 if ev["type"] == "token":
                     text = dec.feed(self.model.token_bytes(ev["token"]))
-                    yield {"text": text, "token": ev["token"], "logprob": ev["logprob"], "top": ev.get("top", [])}
+                    yield {"text": text, "token": ev["token"], "logprob": ev["logprob"], "top": ev.get("top", []),
+                           "draft_accepted": ev.get("draft_accepted", False)}
                 elif ev["type"] == "done":
                     finished = True
                     m = ev["metrics"]

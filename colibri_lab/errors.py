@@ -26,6 +26,11 @@ class GrammarError(InvalidRequestError):
     """A GBNF grammar or JSON schema that cannot be compiled (the message names line and column)."""
 
 
+class SchemaError(GrammarError):
+    """A JSON Schema that uses a keyword or construct the converter does not support,
+    or that admits no value (the message names the keyword and its JSON pointer)."""
+
+
 class ContextLengthExceededError(InvalidRequestError):
     """The prompt plus completion does not fit in the context window."""
 

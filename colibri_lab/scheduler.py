@@ -102,6 +102,7 @@ class Scheduler:
         self._incoming: collections.deque[_Pending] = collections.deque()
         self._active: dict[int, tuple[RequestHandle, float, str | None, float]] = {}
         self._to_cancel: list[RequestHandle] = []
+        self._calls: list[tuple] = []  # (fn, done Event, result box) run on the owner thread
         self._conversation_slot: dict[str, int] = {}
         self._cv = threading.Condition()
         self._closed = False
@@ -134,6 +135,26 @@ class Scheduler:
         with self._cv:
             return len(self._active)
 
+    def call(self, fn, timeout: float | None = 60.0):
+        """Run fn(core) on the owner thread between steps and return its result
+        (the core is not thread-safe; this is how other threads touch it)."""
+        done, box = threading.Event(), {}
+        with self._cv:
+            if self._closed:
+                raise ColibriError("scheduler is closed")
+            self._calls.append((fn, done, box))
+            self._cv.notify()
+        if not done.wait(timeout):
+            raise TimeoutError("scheduler call did not run in time")
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    def clear_conversations(self) -> None:
+        """Forget conversation -> slot pins."""
+        with self._cv:
+            self._conversation_slot.clear()
+
     def close(self, timeout: float = 10.0) -> None:
         """Cancel everything, stop the owner thread."""
         with self._cv:
@@ -157,13 +178,21 @@ class Scheduler:
         core = self._core
         while True:
             with self._cv:
-                while not self._closed and not self._incoming and not self._active and not self._to_cancel:
+                while (not self._closed and not self._incoming and not self._active and not self._to_cancel
+                       and not self._calls):
                     self._cv.wait()
                 if self._closed:
                     break
                 incoming = list(self._incoming)
                 self._incoming.clear()
                 cancels, self._to_cancel = self._to_cancel, []
+                calls, self._calls = self._calls, []
+            for fn, done, box in calls:
+                try:
+                    box["result"] = fn(core)
+                except Exception as exc:
+                    box["error"] = exc
+                done.set()
             for p in incoming:
                 self._submit_to_core(p)
             for h in cancels:

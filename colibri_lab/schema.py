@@ -43,15 +43,12 @@ import math
 import re
 from typing import Any, Optional
 
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, SchemaError  # noqa: F401  (SchemaError re-exported)
 
 __all__ = ["SchemaError", "schema_to_gbnf", "json_object_gbnf", "json_value_gbnf",
            "SPACE_RULE"]
 
 
-class SchemaError(InvalidRequestError):
-    """A JSON Schema that uses a keyword or construct the converter does not support,
-    or that admits no value."""
 
 
 # Whitespace between tokens: bounded so generation cannot loop on it.
@@ -225,7 +222,7 @@ def _same_len(x: str, y: str) -> list:
 
 
 def _group(alts: list) -> str:
-    alts = [a for a in alts if a != ""] if len(alts) > 1 else alts
+    alts = [a if a else '""' for a in alts]
     if len(alts) == 1:
         a = alts[0]
         return a if (" " not in a or a.startswith("(") and _balanced_outer(a)) else "(" + a + ")"
@@ -963,12 +960,28 @@ class _Converter:
                     raise SchemaError("unsupported JSON Schema keyword %r (two large "
                                       "'%s' in 'allOf') at %s" % (k, k, path))
                 out[k] = [{"allOf": [x, y]} for x in u for y in v]
-            elif k in ("pattern", "format", "additionalProperties", "prefixItems", "$ref"):
+            elif k == "prefixItems":
+                pass  # merged below, with the items of both sides
+            elif k in ("pattern", "format", "additionalProperties", "$ref"):
                 if u != v:
                     raise SchemaError("unsupported JSON Schema keyword %r (two different "
                                       "values in 'allOf') at %s" % (k, path))
             else:
                 raise SchemaError("unsupported JSON Schema keyword %r in 'allOf' at %s" % (k, path))
+        # items of one side applies to the other side's prefixItems positions
+        if "prefixItems" in a or "prefixItems" in b:
+            if isinstance(a.get("items"), list) or isinstance(b.get("items"), list):
+                raise SchemaError("unsupported JSON Schema keyword 'items' (array form) "
+                                  "in 'allOf' at %s" % path)
+            xa, xb = a.get("prefixItems", []), b.get("prefixItems", [])
+            ia, ib = a.get("items", True), b.get("items", True)
+            pre = []
+            for i in range(max(len(xa), len(xb))):
+                sa = xa[i] if i < len(xa) else ia
+                sb = xb[i] if i < len(xb) else ib
+                pre.append({"allOf": [sa, sb]})
+            out["prefixItems"] = pre
+            out["items"] = {"allOf": [ia, ib]}
         # additionalProperties of one side restricts the other side's properties
         if "properties" in a or "properties" in b or "additionalProperties" in a \
                 or "additionalProperties" in b:

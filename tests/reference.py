@@ -22,9 +22,20 @@ for pair i at position p with linear scale s (= 1/factor).  The pairs are
 (2i, 2i+1) in ggml's mode 0 ("normal", the llama architecture's GGUF layout)
 and (i, i + n_rot/2) in NeoX mode (qwen2 and others).
 
-Weights are numpy arrays [n_out, n_in] (y = W @ x), as returned by
-tinymodels.write_tiny_llama() or read back from any llama GGUF by
-LlamaRef.from_gguf().
+Architecture variants (switched on by which tensors the weights hold):
+  - q/k/v biases (qwen2): q = Wq h + bq, ...;
+  - QK-norm (qwen3, olmoe): q, k = rmsnorm(q) * q_norm, rmsnorm(k) * k_norm
+    before RoPE, per head when the norm weight has head_dim entries (qwen3),
+    over the whole projection when it has q_dim / kv_dim (olmoe);
+  - mixture of experts (qwen3moe, olmoe, qwen2moe, mixtral): the FFN becomes
+        p = softmax(Wr h) ; E = the n_expert_used largest p (stable order)
+        w_e = p_e, divided by sum_E p when moe_norm_topk (qwen3moe, mixtral)
+        out = sum_{e in E} w_e * Wd_e (silu(Wg_e h) * Wu_e h)
+    plus, with a shared expert (qwen2moe), sigmoid(g . h) * FFN_shexp(h).
+
+Weights are numpy arrays [n_out, n_in] (y = W @ x; experts [n_expert, n_out,
+n_in]), as returned by tinymodels.write_tiny_model() or read back from a GGUF
+by LlamaRef.from_gguf().
 """
 from __future__ import annotations
 
@@ -126,7 +137,8 @@ class LlamaRef:
                  norm_eps: float, rope_base: float, rope_freq_scale: float = 1.0,
                  rope_neox: bool = False, head_dim: int | None = None,
                  n_rot: int | None = None, n_layer: int | None = None,
-                 act_q8: bool = False, dtype=np.float64, **_ignored):
+                 act_q8: bool = False, dtype=np.float64,
+                 n_expert_used: int = 0, moe_norm_topk: bool = True, **_ignored):
         """weights: name -> array (GGUF tensor names, numpy shape [n_out, n_in]).
         act_q8: emulate Q8_0 activation rounding before every matrix product
         (emulates a CPU engine's integer dot products; off for the reference
@@ -152,10 +164,26 @@ class LlamaRef:
             while f"blk.{n_layer}.attn_norm.weight" in weights:
                 n_layer += 1
         self.n_layer = int(n_layer)
-        names = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-        self.layers = [{n: f(weights[f"blk.{i}.{n}.weight"]) for n in names}
-                       for i in range(self.n_layer)]
+        optional = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
+                    "attn_k_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+                    "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+                    "ffn_down_exps.weight", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight",
+                    "ffn_up_shexp.weight", "ffn_down_shexp.weight")
+        names = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm")
+        self.layers = []
+        for i in range(self.n_layer):
+            L = {n: f(weights[f"blk.{i}.{n}.weight"]) for n in names}
+            for n in optional:
+                if f"blk.{i}.{n}" in weights:
+                    L[n.removesuffix(".weight")] = f(weights[f"blk.{i}.{n}"])
+            self.layers.append(L)
+        self.moe = "ffn_gate_inp" in self.layers[0] if self.layers else False
+        self.n_expert_used = int(n_expert_used)
+        self.moe_norm_topk = bool(moe_norm_topk)
+        if self.moe and not 1 <= self.n_expert_used <= self.layers[0]["ffn_gate_inp"].shape[0]:
+            raise ValueError("a MoE model needs 1 <= n_expert_used <= n_expert")
+        # per forward: (layer, row) -> experts chosen, for tests that compare routing
+        self.last_routes: dict = {}
         self.output_norm = f(weights["output_norm.weight"])
         self.tied = "output.weight" not in weights
         self.output = self.embd if self.tied else f(weights["output.weight"])
@@ -164,9 +192,20 @@ class LlamaRef:
         for i, L in enumerate(self.layers):
             want = {"attn_q": (qd, self.n_embd), "attn_k": (kvd, self.n_embd),
                     "attn_v": (kvd, self.n_embd), "attn_output": (self.n_embd, qd),
-                    "ffn_gate": (L["ffn_up"].shape[0], self.n_embd),
-                    "ffn_down": (self.n_embd, L["ffn_up"].shape[0]),
                     "attn_norm": (self.n_embd,), "ffn_norm": (self.n_embd,)}
+            if not self.moe:
+                want.update({"ffn_gate": (L["ffn_up"].shape[0], self.n_embd),
+                             "ffn_down": (self.n_embd, L["ffn_up"].shape[0])})
+            else:
+                ne, ff = L["ffn_gate_inp"].shape[0], L["ffn_up_exps"].shape[1]
+                want.update({"ffn_gate_inp": (ne, self.n_embd), "ffn_gate_exps": (ne, ff, self.n_embd),
+                             "ffn_up_exps": (ne, ff, self.n_embd), "ffn_down_exps": (ne, self.n_embd, ff)})
+            if "attn_q.bias" in L:
+                want.update({"attn_q.bias": (qd,), "attn_k.bias": (kvd,), "attn_v.bias": (kvd,)})
+            if "attn_q_norm" in L:
+                whole = L["attn_q_norm"].shape[0] != self.head_dim or qd == self.head_dim
+                want.update({"attn_q_norm": (qd,) if whole else (self.head_dim,),
+                             "attn_k_norm": (kvd,) if whole else (self.head_dim,)})
             for n, shp in want.items():
                 if L[n].shape != shp:
                     raise ValueError(f"blk.{i}.{n}.weight has shape {L[n].shape}, want {shp}")
@@ -228,9 +267,20 @@ class LlamaRef:
         x = self.embd[tokens]                                          # [n, n_embd]
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L["attn_norm"], self.norm_eps)
-            q = self._mm(h, L["attn_q"]).reshape(n, nh, hd)
-            k = self._mm(h, L["attn_k"]).reshape(n, nkv, hd)
-            v = self._mm(h, L["attn_v"]).reshape(n, nkv, hd)
+            q = self._mm(h, L["attn_q"])
+            k = self._mm(h, L["attn_k"])
+            v = self._mm(h, L["attn_v"])
+            if "attn_q.bias" in L:
+                q, k, v = q + L["attn_q.bias"], k + L["attn_k.bias"], v + L["attn_v.bias"]
+            if "attn_q_norm" in L and L["attn_q_norm"].shape[0] != hd:   # whole projection (olmoe)
+                q = rms_norm(q, L["attn_q_norm"], self.norm_eps)
+                k = rms_norm(k, L["attn_k_norm"], self.norm_eps)
+            q = q.reshape(n, nh, hd)
+            k = k.reshape(n, nkv, hd)
+            v = v.reshape(n, nkv, hd)
+            if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd:   # per head (qwen3)
+                q = rms_norm(q, L["attn_q_norm"], self.norm_eps)
+                k = rms_norm(k, L["attn_k_norm"], self.norm_eps)
             rk = dict(n_rot=self.n_rot, base=self.rope_base,
                       freq_scale=self.rope_freq_scale, neox=self.rope_neox)
             q = rope(q, pos, **rk)
@@ -248,6 +298,9 @@ class LlamaRef:
             a = np.einsum("hij,jhd->ihd", p, Vh).reshape(n, nh * hd)
             x = x + self._mm(a, L["attn_output"])
             h = rms_norm(x, L["ffn_norm"], self.norm_eps)
+            if self.moe:
+                x = x + self._moe(li, L, h)
+                continue
             g = self._mm(h, L["ffn_gate"])
             u = self._mm(h, L["ffn_up"])
             x = x + self._mm(silu(g) * u, L["ffn_down"])
@@ -255,6 +308,27 @@ class LlamaRef:
         cache.tokens = list(cache.tokens[:start_pos]) + tokens.tolist()
         h = rms_norm(x, self.output_norm, self.norm_eps)
         return self._mm(h, self.output)
+
+    def _moe(self, li: int, L: dict, h: np.ndarray) -> np.ndarray:
+        """Mixture-of-experts FFN of layer li over rows h [n, n_embd]."""
+        p = softmax(self._mm(h, L["ffn_gate_inp"]), axis=-1)          # [n, n_expert]
+        out = np.zeros_like(h)
+        for r in range(h.shape[0]):
+            sel = np.argsort(-p[r], kind="stable")[:self.n_expert_used]
+            w = p[r, sel]
+            if self.moe_norm_topk:
+                w = w / w.sum()
+            self.last_routes[(li, r)] = sel.tolist()
+            for e, we in zip(sel, w):
+                g = self._mm(h[r:r + 1], L["ffn_gate_exps"][e])
+                u = self._mm(h[r:r + 1], L["ffn_up_exps"][e])
+                out[r] += we * self._mm(silu(g) * u, L["ffn_down_exps"][e])[0]
+        if "ffn_gate_shexp" in L:
+            gate = 1.0 / (1.0 + np.exp(-(h @ L["ffn_gate_inp_shexp"])))  # [n]
+            g = self._mm(h, L["ffn_gate_shexp"])
+            u = self._mm(h, L["ffn_up_shexp"])
+            out = out + gate[:, None] * self._mm(silu(g) * u, L["ffn_down_shexp"])
+        return out
 
     def logits(self, tokens, n_ctx: int | None = None) -> np.ndarray:
         """Prefill `tokens` from position 0 in a fresh cache."""
@@ -288,24 +362,27 @@ def read_gguf(path) -> tuple[dict, dict]:
         return _field_value(meta[key]) if key in meta else default
 
     arch = get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"reference supports arch 'llama', file has {arch!r}")
-    n_embd = int(get("llama.embedding_length"))
-    n_head = int(get("llama.attention.head_count"))
-    head_dim = int(get("llama.attention.key_length", n_embd // n_head))
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe"):
+        raise ValueError(f"reference supports llama, qwen2, qwen3, qwen3moe, olmoe, qwen2moe; file has {arch!r}")
+    a = arch
+    n_embd = int(get(f"{a}.embedding_length"))
+    n_head = int(get(f"{a}.attention.head_count"))
+    head_dim = int(get(f"{a}.attention.key_length", n_embd // n_head))
     scale = 1.0
-    if get("llama.rope.scaling.type") == "linear":
-        scale = float(1.0 / np.float32(get("llama.rope.scaling.factor", 1.0)))
+    if get(f"{a}.rope.scaling.type") == "linear":
+        scale = float(1.0 / np.float32(get(f"{a}.rope.scaling.factor", 1.0)))
     hp = dict(
-        n_layer=int(get("llama.block_count")),
+        n_layer=int(get(f"{a}.block_count")),
         n_head=n_head,
-        n_head_kv=int(get("llama.attention.head_count_kv", n_head)),
+        n_head_kv=int(get(f"{a}.attention.head_count_kv", n_head)),
         head_dim=head_dim,
-        n_rot=int(get("llama.rope.dimension_count", head_dim)),
-        norm_eps=float(np.float32(get("llama.attention.layer_norm_rms_epsilon", 1e-5))),
-        rope_base=float(np.float32(get("llama.rope.freq_base", 10000.0))),
+        n_rot=int(get(f"{a}.rope.dimension_count", head_dim)),
+        norm_eps=float(np.float32(get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5))),
+        rope_base=float(np.float32(get(f"{a}.rope.freq_base", 10000.0))),
         rope_freq_scale=scale,
-        rope_neox=False,
+        rope_neox=arch != "llama",
+        n_expert_used=int(get(f"{a}.expert_used_count", 0)),
+        moe_norm_topk=arch in ("llama", "qwen3moe"),
     )
     weights = {}
     for t in r.tensors:

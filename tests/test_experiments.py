@@ -1,6 +1,5 @@
 """Experiments API: workloads, specs, the runner on a tiny model, results I/O."""
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -209,6 +208,10 @@ def test_interrupt_returns_finished_rows(make_tiny):
 def test_rejected_setting_fails_the_run(make_tiny):
     spec = _spec(make_tiny(), variants=[Variant("bad", request={"no_such_setting": 1})])
     with pytest.raises(InvalidRequestError, match="no_such_setting"):
+        run(spec, progress=False)
+    # rejected only once the request reaches the engine (the handle's error): still fatal, not a row
+    spec = _spec(make_tiny(), variants=[Variant("bad", request={"speculative": {"no_such_key": 1}})])
+    with pytest.raises(InvalidRequestError, match="no_such_key"):
         run(spec, progress=False)
 
 

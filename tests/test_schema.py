@@ -591,3 +591,36 @@ def test_random_schemas_sound(schema, seed):
         assert not errs, "schema %s\ngenerated %r\n%s" % (json.dumps(schema), s, errs[0].message)
         if len(s) < 300:
             assert gbnf_ref.accepts(g, s), s
+
+
+# ---------------------------------------------------------------------------
+# Cross-check with llama.cpp's own GBNF parser (optional: needs the anchors
+# extra `llama-cpp-python` and a local SmolLM2 GGUF for its vocabulary).
+
+def _smollm2_path():
+    p = os.environ.get("COLIBRI_LAB_SMOLLM2") or os.path.expanduser(
+        "~/.cache/colibri-lab/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    return p if os.path.exists(p) else None
+
+
+@pytest.mark.skipif(_smollm2_path() is None, reason="no local SmolLM2 GGUF")
+def test_llama_cpp_parses_every_grammar():
+    L = pytest.importorskip("llama_cpp").llama_cpp
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.vocab_only = True
+    model = L.llama_model_load_from_file(_smollm2_path().encode(), mp)
+    assert model
+    try:
+        vocab = L.llama_model_get_vocab(model)
+        texts = [json_value_gbnf(), json_object_gbnf()]
+        texts += [schema_to_gbnf(load(n)[0]) for n in NAMES]
+        texts += [schema_to_gbnf({"type": "string", "pattern": p}) for p in
+                  [r"^[^@\s]+\u00e9[\\\"]{2}.x*$", r"^\S\D\W$", r"^[\]\[-]\x7f$"]]
+        texts.append(schema_to_gbnf({"properties": {"é": {}, 'q"': {"type": "integer"}}}))
+        for t in texts:
+            smpl = L.llama_sampler_init_grammar(vocab, t.encode(), b"root")
+            assert smpl, "llama.cpp rejects grammar:\n" + t
+            L.llama_sampler_free(smpl)
+    finally:
+        L.llama_model_free(model)

@@ -134,7 +134,7 @@ def test_refuses_public_bind_without_key(engine):
 
 # -------------------------------------------------------------- bad input
 def test_malformed_json_and_wrong_content(server):
-    for body in (b"{", b"[1, 2]", b"\xff\xfe", b'"just a string"', b"[" * 100000):
+    for body in (b"{", b"[1, 2]", b"\xff\xfe", b'"just a string"', b"[" * 30000):
         st, h, data = post(server, body, headers={"Content-Type": "application/json"})
         assert_openai_error(st, h, data, 400)
     st, h, data = raw(server, "POST", "/v1/chat/completions", None, headers=auth())
@@ -175,7 +175,8 @@ def test_oversized_body_413(server):
     ("tool_choice", "required", "tool_choice"),
     ("tools", [{"type": "function", "function": {"name": "bad name!"}}], "tools"),
     ("stream_options", {"include_usage": True}, "stream_options"),
-    ("speculative", {"method": "prompt_lookup", "bogus": 1}, "speculative"),
+    ("speculative", {"sources": "prompt_lookup", "bogus": 1}, "speculative"),
+    ("speculative", {"sources": ["prompt_lookup"], "k_max": -1}, "speculative"),
     ("speculative", "fast", "speculative"),
     ("grammar", "", "grammar"),
 ])
@@ -198,30 +199,53 @@ def test_sdk_bad_request_and_not_found(oai):
         oai.completions.create(model="smollm2", prompt="x", max_tokens=1, echo=True, logprobs=1)
 
 
-def test_speculative_named(oai):
+def test_speculative_extension(oai):
     with pytest.raises(openai.BadRequestError) as ei:
         oai.chat.completions.create(model="smollm2", messages=MSG, max_tokens=1,
-                                    extra_body={"speculative": {"method": "prompt_lookup", "n_draft": 4}})
+                                    extra_body={"speculative": {"sources": ["prompt_lookup"], "bogus": 4}})
+    assert ei.value.param.startswith("speculative") and "bogus" in ei.value.message
+    with pytest.raises(openai.BadRequestError) as ei:
+        oai.chat.completions.create(model="smollm2", messages=MSG, max_tokens=1,
+                                    extra_body={"speculative": {"sources": ["telepathy"]}})
     assert ei.value.param.startswith("speculative")
-    # disabled speculation is fine
-    r = oai.chat.completions.create(model="smollm2", messages=MSG, max_tokens=1, temperature=0,
+    # disabled speculation is plain decoding
+    plain = oai.chat.completions.create(model="smollm2", messages=MSG, max_tokens=6, temperature=0)
+    r = oai.chat.completions.create(model="smollm2", messages=MSG, max_tokens=6, temperature=0,
                                     extra_body={"speculative": {"enabled": False}})
-    assert r.usage.completion_tokens == 1
+    assert r.choices[0].message.content == plain.choices[0].message.content
+    # enabled: greedy output is unchanged (lossless), or a 400 that names the field where unsupported
+    try:
+        s = oai.chat.completions.create(model="smollm2", messages=MSG, max_tokens=6, temperature=0,
+                                        extra_body={"speculative": {"sources": ["prompt_lookup"], "k_max": 4}})
+    except openai.BadRequestError as e:
+        assert e.param == "speculative" and "not available" in e.message
+    else:
+        assert s.choices[0].message.content == plain.choices[0].message.content
+        assert s.model_extra["timings"]["draft_n"] >= s.model_extra["timings"]["draft_n_accepted"] >= 0
 
 
-def test_context_length_exceeded(oai, engine):
-    long = "hello " * 1100
-    with pytest.raises(openai.BadRequestError) as ei:
-        oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": long}], max_tokens=4)
-    assert ei.value.code == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError) as ei:
-        oai.completions.create(model="smollm2", prompt=long, max_tokens=4)
-    assert ei.value.code == "context_length_exceeded"
-    # a max_tokens beyond the room left is clamped, not refused
-    ids = engine.tokenize("hello " * 100)
-    r = oai.completions.create(model="smollm2", prompt=ids, max_tokens=5000, temperature=0,
-                               extra_body={"logit_bias": {}}, stop=["\n"])
-    assert r.usage.prompt_tokens == len(ids)
+def test_context_length_exceeded(smollm2_path):
+    eng = make_engine(smollm2_path, n_ctx=64, n_slots=1)
+    srv = Server(eng, port=0, model_id="smollm2").start()
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        long = "hello " * 100
+        with pytest.raises(openai.BadRequestError) as ei:
+            c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": long}], max_tokens=4)
+        assert ei.value.code == "context_length_exceeded" and "64" in ei.value.message
+        with pytest.raises(openai.BadRequestError) as ei:
+            c.completions.create(model="smollm2", prompt=long, max_tokens=4)
+        assert ei.value.code == "context_length_exceeded"
+        a = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError):
+            a.messages.create(model="smollm2", messages=[{"role": "user", "content": long}], max_tokens=4)
+        # a max_tokens beyond the room left is clamped, not refused
+        ids = (eng.tokenize("hello ") * 64)[:60]
+        r = c.completions.create(model="smollm2", prompt=ids, max_tokens=5000, temperature=0)
+        assert r.usage.prompt_tokens == 60 and 1 <= r.usage.completion_tokens <= 4
+    finally:
+        srv.stop()
+        eng.close()
 
 
 def test_wrong_method_and_unknown_path(server):

@@ -30,6 +30,10 @@ from gguf import quants
 
 __all__ = [
     "WTYPES",
+    "KQ_WTYPES",
+    "ARCHES",
+    "write_tiny_model",
+    "quantize_k",
     "bytes_to_unicode",
     "tiny_vocab",
     "write_tiny_llama",
@@ -40,6 +44,13 @@ __all__ = [
 # Weight types the tests exercise, by GGUF type name.
 WTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
+# K-quant weight types (rows must be multiples of 256).  gguf.quants can
+# dequantize but not quantize them, so quantize_k() below builds the blocks.
+KQ_WTYPES = ("Q4_K", "Q5_K", "Q6_K")
+
+# Architectures write_tiny_model() can write ("mixtral" = llama + experts).
+ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe", "mixtral")
+
 # general.file_type (llama_ftype) that llama.cpp writes for a model whose
 # matrices are mostly of this type.
 _FILE_TYPE = {
@@ -49,6 +60,9 @@ _FILE_TYPE = {
     "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
     "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+    "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+    "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+    "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
 }
 
 # Special tokens placed right after the 256 byte tokens (ChatML, like SmolLM2).
@@ -136,10 +150,93 @@ class TinyWeights(dict):
     path: str
 
 
-def _store(name: str, w: np.ndarray, qtype: QT, writer: gguf.GGUFWriter) -> np.ndarray:
-    """Quantize `w` (float32, numpy shape [rows, cols]) to `qtype`, add it to
-    the writer and return the dequantized float32 values that were written."""
+def _f16(a):
+    return np.asarray(a, dtype=np.float32).astype(np.float16)
+
+
+def quantize_k(w: np.ndarray, qtype: QT) -> np.ndarray:
+    """Quantize float32 rows (last axis a multiple of 256) to Q4_K, Q5_K or
+    Q6_K blocks in ggml's byte layout; returns uint8 [..., row_bytes].
+
+    A plain round-to-nearest quantizer (ggml searches scales harder); what
+    matters for the tests is that the bytes are valid blocks: the stored
+    values are read back with gguf.quants.dequantize.
+    Q4_K/Q5_K: 8 sub-blocks of 32 with 6-bit scale sc and min m under f16 d,
+    dmin: w = d*sc*q - dmin*m.  Q6_K: 16 sub-blocks of 16 with int8 scales
+    under f16 d: w = d*sc*(q-32).
+    """
     w = np.ascontiguousarray(w, dtype=np.float32)
+    shp = w.shape
+    if shp[-1] % 256:
+        raise ValueError(f"K-quant rows must be multiples of 256, got {shp[-1]}")
+    x = w.reshape(-1, 256).astype(np.float64)
+    nb = x.shape[0]
+    if qtype in (QT.Q4_K, QT.Q5_K):
+        nmax = 15 if qtype == QT.Q4_K else 31
+        sub = x.reshape(nb, 8, 32)
+        mn = np.minimum(sub.min(axis=2), 0.0)                 # [nb, 8] <= 0
+        mx = sub.max(axis=2)
+        scale = (mx - mn) / nmax
+        mins = -mn
+        d = _f16(scale.max(axis=1) / 63.0).astype(np.float64)  # [nb]
+        dmin = _f16(mins.max(axis=1) / 63.0).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.int64)
+            m = np.where(dmin[:, None] > 0, np.rint(mins / dmin[:, None]), 0).clip(0, 63).astype(np.int64)
+            dl = d[:, None] * sc
+            ml = dmin[:, None] * m
+            q = np.where(dl[:, :, None] > 0, np.rint((sub + ml[:, :, None]) / dl[:, :, None]), 0)
+        q = q.clip(0, nmax).astype(np.uint8)                    # [nb, 8, 32]
+        scales = np.zeros((nb, 12), np.uint8)
+        for j in range(4):
+            scales[:, j] = (sc[:, j] | ((sc[:, j + 4] >> 4) << 6)).astype(np.uint8)
+            scales[:, j + 4] = (m[:, j] | ((m[:, j + 4] >> 4) << 6)).astype(np.uint8)
+            scales[:, j + 8] = ((sc[:, j + 4] & 0xF) | ((m[:, j + 4] & 0xF) << 4)).astype(np.uint8)
+        qs = np.zeros((nb, 128), np.uint8)
+        for g in range(4):
+            qs[:, 32 * g:32 * g + 32] = (q[:, 2 * g] & 0xF) | ((q[:, 2 * g + 1] & 0xF) << 4)
+        parts = [_f16(d).view(np.uint8).reshape(nb, 2), _f16(dmin).view(np.uint8).reshape(nb, 2), scales]
+        if qtype == QT.Q5_K:
+            qh = np.zeros((nb, 32), np.uint8)
+            for j in range(8):
+                qh |= ((q[:, j] >> 4) & 1) << j
+            parts.append(qh)
+        parts.append(qs)
+        out = np.concatenate(parts, axis=1)
+    elif qtype == QT.Q6_K:
+        sub = x.reshape(nb, 16, 16)
+        amax = np.abs(sub).max(axis=2)                          # [nb, 16]
+        s16 = amax / 31.0
+        d = _f16(s16.max(axis=1) / 127.0).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(d[:, None] > 0, np.rint(s16 / d[:, None]), 0).clip(-128, 127).astype(np.int64)
+            dl = d[:, None] * sc
+            q = np.where(dl[:, :, None] != 0, np.rint(sub / dl[:, :, None]), 0)
+        q = (q.clip(-32, 31) + 32).astype(np.uint8).reshape(nb, 256)
+        ql = np.zeros((nb, 128), np.uint8)
+        qh = np.zeros((nb, 64), np.uint8)
+        for h in range(2):
+            for k in range(4):
+                v = q[:, 128 * h + 32 * k:128 * h + 32 * k + 32]
+                lo = 64 * h + (32 if k & 1 else 0)
+                ql[:, lo:lo + 32] |= (v & 0xF) << (4 if k & 2 else 0)
+                qh[:, 32 * h:32 * h + 32] |= ((v >> 4) & 3) << (2 * k)
+        out = np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), _f16(d).view(np.uint8).reshape(nb, 2)], axis=1)
+    else:
+        raise ValueError(f"not a K-quant: {qtype!r}")
+    row_blocks = shp[-1] // 256
+    return np.ascontiguousarray(out.reshape(*shp[:-1], row_blocks * out.shape[1]))
+
+
+def _store(name: str, w: np.ndarray, qtype: QT, writer: gguf.GGUFWriter) -> np.ndarray:
+    """Quantize `w` (float32, numpy shape [rows, cols] or [experts, rows,
+    cols]) to `qtype`, add it to the writer and return the dequantized
+    float32 values that were written."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        q = quantize_k(w, qtype)
+        writer.add_tensor(name, q, raw_dtype=qtype)
+        return quants.dequantize(q, qtype).astype(np.float32).reshape(w.shape)
     if qtype == QT.F32:
         writer.add_tensor(name, w)
         return w.copy()
@@ -155,9 +252,15 @@ def _store(name: str, w: np.ndarray, qtype: QT, writer: gguf.GGUFWriter) -> np.n
     return d
 
 
-def write_tiny_llama(
+def write_tiny_llama(path: str | os.PathLike, **kw) -> TinyWeights:
+    """write_tiny_model(path, arch="llama", ...): the dense llama model."""
+    return write_tiny_model(path, arch="llama", **kw)
+
+
+def write_tiny_model(
     path: str | os.PathLike,
     *,
+    arch: str = "llama",
     wtype: str = "F32",
     embd_type: str | None = None,
     n_vocab: int = 288,
@@ -166,6 +269,11 @@ def write_tiny_llama(
     n_layer: int = 2,
     n_head: int = 4,
     n_head_kv: int = 2,
+    head_dim: int | None = None,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 64,
+    n_ff_shexp: int = 96,
     n_ctx: int = 256,
     rope_base: float = 10000.0,
     rope_scale: float | None = None,
@@ -173,30 +281,65 @@ def write_tiny_llama(
     tied: bool = True,
     seed: int = 0,
 ) -> TinyWeights:
-    """Write a random llama GGUF to `path`; return the stored float32 weights.
+    """Write a random GGUF of architecture `arch` to `path`; return the stored
+    float32 weights.
 
-    wtype:      type of every 2-D matrix (attention, FFN, output) — one of WTYPES.
+    arch:       one of ARCHES.  llama: the dense llama block.  qwen2: + q/k/v
+                biases, NeoX RoPE.  qwen3: + per-head RMSNorm of q and k
+                (attn_q_norm / attn_k_norm [head_dim]) before RoPE, NeoX;
+                head_dim may differ from n_embd / n_head (attention.key_length).
+                qwen3moe: qwen3 attention + experts, top-k renormalised.
+                olmoe: whole-projection q/k RMSNorm ([q_dim] / [kv_dim]) +
+                experts, not renormalised.  qwen2moe: qwen2 attention +
+                experts (not renormalised) + a shared expert with a sigmoid
+                gate.  mixtral: arch "llama" with llama.expert_count > 0,
+                top-k renormalised.
+    wtype:      type of every 2-D matrix and expert tensor (attention, FFN,
+                experts, output) — one of WTYPES or KQ_WTYPES (K-quants need
+                n_embd, n_ff, n_ff_exp, q_dim multiples of 256).  The router
+                (ffn_gate_inp) is always F32, as llama.cpp's quantizer keeps it.
     embd_type:  type of token_embd.weight (default: wtype).  When tied, the
                 LM head is token_embd, so it is in this type too.
     n_vocab:    >= 259 (256 bytes + 3 ChatML specials); default 288 = 9*32.
-    n_embd, n_ff: multiples of 32 (quantized blocks hold 32 elements).
+    n_embd, n_ff, n_ff_exp, n_ff_shexp: multiples of 32.
+    n_expert, n_expert_used, n_ff_exp: experts per layer, top-k, expert width
+                (MoE archs only; mixtral/olmoe use n_ff_exp as their
+                feed_forward_length).  n_ff_shexp: qwen2moe's shared expert.
     rope_scale: linear RoPE scaling *factor* (e.g. 4.0): positions are
                 multiplied by 1/factor.  None writes no scaling keys.
     tied:       True: no output.weight (LM head = token_embd).
     seed:       numpy RNG seed; same arguments -> byte-identical file.
     """
-    if wtype not in WTYPES:
-        raise ValueError(f"wtype {wtype!r} not in {WTYPES}")
+    if arch not in ARCHES:
+        raise ValueError(f"arch {arch!r} not in {ARCHES}")
+    all_types = WTYPES + KQ_WTYPES
+    if wtype not in all_types:
+        raise ValueError(f"wtype {wtype!r} not in {all_types}")
     embd_type = embd_type or wtype
-    if embd_type not in WTYPES:
-        raise ValueError(f"embd_type {embd_type!r} not in {WTYPES}")
-    if n_embd % 32 or n_ff % 32:
-        raise ValueError("n_embd and n_ff must be multiples of 32")
-    if n_embd % n_head or n_head % n_head_kv:
-        raise ValueError("n_embd % n_head and n_head % n_head_kv must be 0")
-    head_dim = n_embd // n_head
+    if embd_type not in all_types:
+        raise ValueError(f"embd_type {embd_type!r} not in {all_types}")
+    moe = arch in ("qwen3moe", "olmoe", "qwen2moe", "mixtral")
+    file_arch = "llama" if arch == "mixtral" else arch
+    qkv_bias = arch in ("qwen2", "qwen2moe")
+    qk_norm = 1 if arch in ("qwen3", "qwen3moe") else 2 if arch == "olmoe" else 0
+    neox = arch != "llama" and arch != "mixtral"
+    shared = arch == "qwen2moe"
+    if arch in ("olmoe", "mixtral"):
+        n_ff = n_ff_exp          # these use feed_forward_length for the experts
+    if n_embd % 32 or n_ff % 32 or (moe and (n_ff_exp % 32 or n_ff_shexp % 32)):
+        raise ValueError("n_embd, n_ff, n_ff_exp, n_ff_shexp must be multiples of 32")
+    if n_head % n_head_kv:
+        raise ValueError("n_head % n_head_kv must be 0")
+    explicit_hd = head_dim is not None
+    if head_dim is None:
+        if n_embd % n_head:
+            raise ValueError("n_embd % n_head must be 0 (or give head_dim)")
+        head_dim = n_embd // n_head
     if head_dim % 2:
         raise ValueError("head_dim must be even for RoPE")
+    if moe and not 1 <= n_expert_used <= n_expert:
+        raise ValueError("need 1 <= n_expert_used <= n_expert")
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     qt = QT[wtype]
     et = QT[embd_type]
     path = os.fspath(path)
@@ -214,9 +357,8 @@ def write_tiny_llama(
         return (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
 
     w = TinyWeights()
-    writer = gguf.GGUFWriter(path, "llama")
-    arch = "llama"
-    writer.add_name(f"tiny-llama-{wtype}{'' if tied else '-untied'}")
+    writer = gguf.GGUFWriter(path, file_arch)
+    writer.add_name(f"tiny-{arch}-{wtype}{'' if tied else '-untied'}")
     writer.add_file_type(int(_FILE_TYPE[wtype]))
     writer.add_block_count(n_layer)
     writer.add_context_length(n_ctx)
@@ -224,17 +366,27 @@ def write_tiny_llama(
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
+    if explicit_hd:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_rope_freq_base(float(rope_base))
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(float(norm_eps))
     writer.add_vocab_size(n_vocab)
+    if moe:
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(n_expert_used)
+        if arch in ("qwen3moe", "qwen2moe"):
+            writer.add_expert_feed_forward_length(n_ff_exp)
+        if shared:
+            writer.add_expert_shared_feed_forward_length(n_ff_shexp)
     if rope_scale is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope_scale))
 
     tokens, types, merges = tiny_vocab(n_vocab)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
+    writer.add_tokenizer_pre("smollm" if file_arch == "llama" else "qwen2")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
@@ -260,14 +412,39 @@ def write_tiny_llama(
         # far more than any tolerance) yet not so sharp that the network
         # amplifies rounding: with gain 2, emulated Q8_0 activation rounding
         # moved logits by ~10%, with gain 1 by ~3%.
-        w[p + "attn_q.weight"] = _store(p + "attn_q.weight", mat(n_embd, n_embd), qt, writer)
-        w[p + "attn_k.weight"] = _store(p + "attn_k.weight", mat(n_head_kv * head_dim, n_embd), qt, writer)
-        w[p + "attn_v.weight"] = _store(p + "attn_v.weight", mat(n_head_kv * head_dim, n_embd), qt, writer)
-        w[p + "attn_output.weight"] = _store(p + "attn_output.weight", mat(n_embd, n_embd), qt, writer)
+        w[p + "attn_q.weight"] = _store(p + "attn_q.weight", mat(q_dim, n_embd), qt, writer)
+        w[p + "attn_k.weight"] = _store(p + "attn_k.weight", mat(kv_dim, n_embd), qt, writer)
+        w[p + "attn_v.weight"] = _store(p + "attn_v.weight", mat(kv_dim, n_embd), qt, writer)
+        if qkv_bias:
+            for nm, dim in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+                b = (0.5 * rng.standard_normal(dim)).astype(np.float32)
+                w[p + nm + ".bias"] = _store(p + nm + ".bias", b, QT.F32, writer)
+        if qk_norm:
+            w[p + "attn_q_norm.weight"] = _store(p + "attn_q_norm.weight",
+                                                 norm_w(head_dim if qk_norm == 1 else q_dim), QT.F32, writer)
+            w[p + "attn_k_norm.weight"] = _store(p + "attn_k_norm.weight",
+                                                 norm_w(head_dim if qk_norm == 1 else kv_dim), QT.F32, writer)
+        w[p + "attn_output.weight"] = _store(p + "attn_output.weight", mat(n_embd, q_dim), qt, writer)
         w[p + "ffn_norm.weight"] = _store(p + "ffn_norm.weight", norm_w(n_embd), QT.F32, writer)
-        w[p + "ffn_gate.weight"] = _store(p + "ffn_gate.weight", mat(n_ff, n_embd), qt, writer)
-        w[p + "ffn_up.weight"] = _store(p + "ffn_up.weight", mat(n_ff, n_embd), qt, writer)
-        w[p + "ffn_down.weight"] = _store(p + "ffn_down.weight", mat(n_embd, n_ff), qt, writer)
+        if not moe:
+            w[p + "ffn_gate.weight"] = _store(p + "ffn_gate.weight", mat(n_ff, n_embd), qt, writer)
+            w[p + "ffn_up.weight"] = _store(p + "ffn_up.weight", mat(n_ff, n_embd), qt, writer)
+            w[p + "ffn_down.weight"] = _store(p + "ffn_down.weight", mat(n_embd, n_ff), qt, writer)
+            continue
+        # Router with gain 2: routing probabilities well spread (clear top-k
+        # most of the time) so a near-tie between the k-th and (k+1)-th
+        # expert is rare.
+        w[p + "ffn_gate_inp.weight"] = _store(p + "ffn_gate_inp.weight", mat(n_expert, n_embd, 2.0), QT.F32, writer)
+        exps = lambda n_out, n_in: np.stack([mat(n_out, n_in) for _ in range(n_expert)])  # noqa: E731
+        w[p + "ffn_gate_exps.weight"] = _store(p + "ffn_gate_exps.weight", exps(n_ff_exp, n_embd), qt, writer)
+        w[p + "ffn_up_exps.weight"] = _store(p + "ffn_up_exps.weight", exps(n_ff_exp, n_embd), qt, writer)
+        w[p + "ffn_down_exps.weight"] = _store(p + "ffn_down_exps.weight", exps(n_embd, n_ff_exp), qt, writer)
+        if shared:
+            w[p + "ffn_gate_inp_shexp.weight"] = _store(p + "ffn_gate_inp_shexp.weight",
+                                                        mat(1, n_embd, 2.0).reshape(n_embd), QT.F32, writer)
+            w[p + "ffn_gate_shexp.weight"] = _store(p + "ffn_gate_shexp.weight", mat(n_ff_shexp, n_embd), qt, writer)
+            w[p + "ffn_up_shexp.weight"] = _store(p + "ffn_up_shexp.weight", mat(n_ff_shexp, n_embd), qt, writer)
+            w[p + "ffn_down_shexp.weight"] = _store(p + "ffn_down_shexp.weight", mat(n_embd, n_ff_shexp), qt, writer)
     w["output_norm.weight"] = _store("output_norm.weight", norm_w(n_embd), QT.F32, writer)
     if not tied:
         w["output.weight"] = _store("output.weight", mat(n_vocab, n_embd, 4.0), qt, writer)
@@ -284,8 +461,10 @@ def write_tiny_llama(
         # uses the same epsilon and frequencies as the engine.
         n_ctx_train=n_ctx, rope_base=float(np.float32(rope_base)),
         rope_freq_scale=float(1.0 / np.float32(rope_scale)) if rope_scale else 1.0,
-        rope_neox=False, norm_eps=float(np.float32(norm_eps)), tied=bool(tied),
-        wtype=wtype, embd_type=embd_type,
+        rope_neox=neox, norm_eps=float(np.float32(norm_eps)), tied=bool(tied),
+        wtype=wtype, embd_type=embd_type, arch=arch,
+        n_expert=n_expert if moe else 0, n_expert_used=n_expert_used if moe else 0,
+        moe_norm_topk=file_arch in ("llama", "qwen3moe"),  # llama = Mixtral when it has experts
     )
     w.path = path
     return w

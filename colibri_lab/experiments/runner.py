@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from colibri_lab.errors import InvalidRequestError
+from colibri_lab.errors import ContextLengthExceededError, InvalidRequestError
 from colibri_lab.experiments.results import Results, collect_metadata, engine_metadata
 from colibri_lab.experiments.spec import ExperimentSpec, Variant, load_spec
 from colibri_lab.experiments.workloads import Item, Workload, load_workload
@@ -76,8 +76,11 @@ def _clear_cache(eng) -> None:
         pins.clear()
 
 
-class _Interrupted(Exception):
-    pass
+def _fatal(exc: BaseException) -> bool:
+    """A rejected setting (InvalidRequestError, at submit or when the request
+    reaches the engine) makes every request of the variant wrong: stop the run.
+    A request that is merely too long for the context is that request's error."""
+    return isinstance(exc, InvalidRequestError) and not isinstance(exc, ContextLengthExceededError)
 
 
 class Runner:
@@ -228,10 +231,7 @@ class Runner:
                         return
                     try:
                         row = self._one_request(eng, v, item, idx, turn, replies, client, t0, t_release, inflight)
-                    except InvalidRequestError as exc:  # a setting the engine rejects: the whole run is wrong
-                        out_q.put(("fatal", exc))
-                        return
-                    except BaseException as exc:  # noqa: BLE001 - report, never hang the main thread
+                    except BaseException as exc:  # noqa: BLE001 - fatal: report, never hang the main thread
                         out_q.put(("fatal", exc))
                         return
                     row.update(base)
@@ -307,20 +307,23 @@ class Runner:
         t_sub = time.perf_counter()
         row["t_submit_s"] = t_sub - t0
         error = ""
+        handle = None
         try:
             _, handle, _ = eng.submit(ids, conversation=conversation, **kw)
-        except InvalidRequestError:
-            raise
-        key = id(handle)
-        inflight[key] = handle
-        try:
+            inflight[id(handle)] = handle
             res = handle.result()
             tokens, m = res["tokens"], dict(res["metrics"])
-        except Exception as exc:  # noqa: BLE001 - e.g. context length exceeded: record it, go on
-            tokens, m, error = list(handle.tokens), dict(handle.metrics or {}), f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001
+            if _fatal(exc):
+                raise
+            # this request's own failure (e.g. its prompt exceeds the context): record it, go on
+            tokens = list(handle.tokens) if handle is not None else []
+            m = dict(handle.metrics or {}) if handle is not None else {}
+            error = f"{type(exc).__name__}: {exc}"
             m.setdefault("finish_reason", "error")
         finally:
-            inflight.pop(key, None)
+            if handle is not None:
+                inflight.pop(id(handle), None)
         t_done = time.perf_counter()
         data = eng.model.detokenize_bytes(tokens) if tokens else b""
         if m.get("stop_offset", -1) is not None and m.get("stop_offset", -1) >= 0:
@@ -331,7 +334,8 @@ class Runner:
                 row[k] = val
         dn, da = m.get("draft_n", 0) or 0, m.get("draft_accepted", 0) or 0
         row["accept_rate"] = da / dn if dn else float("nan")
-        spec_k = (v.request.get("speculative") or {}).get("k") if isinstance(v.request.get("speculative"), dict) else None
+        sp = v.request.get("speculative")
+        spec_k = sp.get("k_max") if isinstance(sp, dict) and not sp.get("adaptive", True) else None
         n_drafts = m.get("draft_steps") or (dn / spec_k if spec_k and dn else 0)
         row["accept_len_mean"] = m.get("accept_len_mean", 1.0 + da / n_drafts if n_drafts else float("nan"))
         row["output_hash"] = tokens_hash(tokens)

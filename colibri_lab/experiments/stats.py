@@ -9,7 +9,7 @@ outputs, pair by pair.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd

@@ -19,7 +19,7 @@ Arrivals decide when each item starts:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence

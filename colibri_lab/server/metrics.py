@@ -70,6 +70,7 @@ class Metrics:
         self.spec_drafts = 0
         self.spec_draft_tokens = 0
         self.spec_accepted = 0
+        self.spec_accepted_pos = collections.Counter()  # draft position -> accepted tokens
         self.finished = collections.Counter()   # finish reason -> requests
         self.http = collections.Counter()       # (endpoint, status) -> responses
         self.window: collections.deque = collections.deque(maxlen=self.PROFILE_WINDOW)
@@ -84,6 +85,8 @@ class Metrics:
             self.spec_draft_tokens += int(m.get("draft_n", 0))
             self.spec_accepted += int(m.get("draft_accepted", 0))
             self.spec_drafts += int(m.get("draft_steps", 0))
+            for pos, n in enumerate(m.get("draft_accepted_by_pos") or ()):
+                self.spec_accepted_pos[pos] += int(n)
             self.finished[m.get("finish_reason", "unknown")] += 1
             if n_out > 0:
                 self.ttft.observe(float(m.get("ttft_ms", 0.0)) / 1e3)
@@ -122,7 +125,10 @@ class Metrics:
                 head(name, "counter", help_)
                 out.append(f"{PREFIX}{name}{{{lab}}} {val}")
             head("spec_decode_num_accepted_tokens_per_pos_total", "counter",
-                 "Accepted draft tokens by draft position (none until speculation reports positions).")
+                 "Accepted draft tokens by draft position.")
+            for pos in sorted(self.spec_accepted_pos):
+                out.append(f'{PREFIX}spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{pos}"}} '
+                           f"{self.spec_accepted_pos[pos]}")
             head("request_success_total", "counter", "Finished requests by finish reason.")
             for reason in sorted(set(self.finished) | {"stop", "length"}):
                 out.append(f'{PREFIX}request_success_total{{{lab},finished_reason="{_esc(reason)}"}} '

@@ -113,13 +113,14 @@ def budget(engine, n_prompt: int, max_tokens: int | None, param: str = "messages
     return room if max_tokens is None else min(max_tokens, room)
 
 
-SPEC_KEYS = {"method", "n_draft", "n_min", "ngram_max", "adaptive", "enabled"}
-SPEC_METHODS = {"none", "prompt_lookup", "draft", "mtp", "auto"}
+SPEC_KEYS = {"sources", "k_max", "adaptive", "ngram_max", "ngram_min", "enabled"}
+SPEC_SOURCES = ("grammar", "prompt_lookup", "draft", "layer_skip")
 
 
 def speculative(engine, v) -> dict | None:
-    """Validate the `speculative` extension object; returns it to pass to the
-    engine, None when absent / disabled."""
+    """Validate the `speculative` extension object
+    {"sources": [...] | str, "k_max", "adaptive", "ngram_max", "ngram_min", "enabled"};
+    returns the engine's settings (without `enabled`), or None when absent / disabled."""
     if v is None:
         return None
     if not isinstance(v, dict):
@@ -128,20 +129,25 @@ def speculative(engine, v) -> dict | None:
     if unknown:
         raise bad(f"speculative: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(SPEC_KEYS))})",
                   param="speculative")
-    if "method" in v and v["method"] not in SPEC_METHODS:
-        raise bad(f"speculative.method must be one of {sorted(SPEC_METHODS)}", param="speculative.method")
-    for k in ("n_draft", "n_min", "ngram_max"):
+    src = v.get("sources", [])
+    if isinstance(src, str):
+        src = [src]
+    if not isinstance(src, list) or any(s not in SPEC_SOURCES for s in src):
+        raise bad(f"speculative.sources must be a list drawn from {list(SPEC_SOURCES)}", param="speculative.sources")
+    for k in ("k_max", "ngram_max", "ngram_min"):
         if k in v and (isinstance(v[k], bool) or not isinstance(v[k], int) or not 0 <= v[k] <= 64):
             raise bad(f"speculative.{k} must be an integer in [0, 64]", param=f"speculative.{k}")
     for k in ("adaptive", "enabled"):
         if k in v and not isinstance(v[k], bool):
             raise bad(f"speculative.{k} must be a boolean", param=f"speculative.{k}")
-    if v.get("enabled") is False or v.get("method") == "none":
+    if v.get("enabled") is False or not src:
         return None
     if not C.engine_accepts(engine, "speculative"):
         raise bad("speculative: speculative decoding is not available yet in this engine build",
                   param="speculative")
-    return dict(v)
+    out = {k: val for k, val in v.items() if k != "enabled"}
+    out["sources"] = list(src)
+    return out
 
 
 def sampling(b: C.Body, engine, *, default_temperature: float = 1.0, openai: bool = True) -> dict:

@@ -336,6 +336,7 @@ typedef struct {
     int32_t  top_tokens[CB_MAX_LOGPROBS];
     float    top_logprobs[CB_MAX_LOGPROBS];
     const float *logits;    /* n_vocab raw logits if return_logits, else NULL; valid until next step */
+    int      drafted;       /* 1: this token was proposed by a draft source and verified */
     /* DONE */
     cb_request_metrics metrics;
     /* ERROR */
@@ -372,6 +373,9 @@ typedef struct {
     int     n_running;
     double  step_ms;
     double  matmul_ms, attention_ms, lm_head_ms, sampling_ms, grammar_ms, draft_ms, other_ms;
+    /* MoE models (0 for dense ones): */
+    int64_t experts_unique;  /* expert FFNs computed: unique (layer, expert) pairs routed by the step's rows */
+    int64_t experts_routed;  /* (row, layer, expert) routings = rows * layers * experts_used */
 } cb_step_stats;
 
 void cb_engine_last_step(const cb_engine *engine, cb_step_stats *stats);
@@ -389,6 +393,26 @@ int cb_engine_slot_clear(cb_engine *engine, int slot);
  * history is truncated to pos and extended by tokens. */
 int cb_engine_forward(cb_engine *engine, int slot, const int32_t *tokens, int n,
                       int pos, float *logits_out, char *err, size_t err_len);
+
+/* ------------------------------------------------- experts (MoE models) */
+/* BEGIN experts API (issue 8) */
+
+/* Experts per MoE layer, experts routed per token, hidden size of one
+ * expert (all 0 for a dense model). */
+void cb_model_moe_info(const cb_model *model, int *n_expert, int *n_expert_used, int *n_ff_exp);
+
+/* Expert heat over the engine's life: rows routed to (layer, expert), written
+ * layer-major to out[n_layer * n_expert] (up to cap entries).  Returns
+ * n_layer * n_expert (0 for a dense model) or a negative status. */
+int cb_engine_expert_counts(const cb_engine *engine, int64_t *out, int64_t cap);
+
+/* Append every routing decision to a CSV file at `path`, one line per
+ * (row, layer, rank): step,forward,row,slot,pos,layer,rank,expert,weight
+ * (header written when the file is empty).  NULL or "" stops tracing.
+ * CB_ERR_IO if the file cannot be opened; CB_ERR_UNSUPPORTED for a dense model. */
+int cb_engine_route_trace(cb_engine *engine, const char *path, char *err, size_t err_len);
+
+/* END experts API */
 
 /* ---------------------------------------------------------------- kernels */
 

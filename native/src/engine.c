@@ -106,6 +106,7 @@ struct cb_engine {
 };
 
 #define CB_FORCED_MAX 256  /* longest grammar-forced span drafted at once (bytes) */
+#define CB_MIN_REUSE  32   /* prefix matches shorter than this do not steer slot choice */
 
 static double now_ms(void) {
     struct timespec ts;
@@ -511,12 +512,18 @@ static void admit(cb_engine *e) {
         }
         int s = r->slot, match = 0;
         if (s < 0) {
+            int lru = -1;
             for (int i = 0; i < P->n_slots; i++) {
                 cb_slot *sl = &e->slots[i];
                 if (sl->req >= 0) continue;
                 int m = P->prefix_reuse ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
                 if (s < 0 || m > match || (m == match && sl->last_used < e->slots[s].last_used)) { s = i; match = m; }
+                if (lru < 0 || sl->last_used < e->slots[lru].last_used) lru = i;
             }
+            /* A short match (a chat template's first tokens) is not worth
+             * evicting another conversation's long history for: take the
+             * least recently used free slot instead (empty slots first). */
+            if (s >= 0 && match < CB_MIN_REUSE && match < r->n_prompt / 2) s = lru;
             if (s < 0) {
                 /* no free slot: only requests pinned to a free slot may still go */
                 int pinned = -1;
@@ -858,6 +865,8 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             if (j < n_draft) sm->draft_n_pos[j]++;
             int tok = sample_row(e, idx, lr + j);
             if (tok < 0 || j == n_draft || tok != draft[j]) break;
+            /* the token just emitted was a draft that verified: flag its event */
+            e->events[(e->ev_head + e->ev_count - 1) % e->ev_cap].drafted = 1;
             acc++;
             sm->draft_accepted++;
             sm->draft_accepted_source[src]++;

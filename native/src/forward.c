@@ -8,6 +8,20 @@
  *               h = rmsnorm(x) ; x += (silu(h Wg) * h Wu) Wd
  *   logits = rmsnorm(x) Wout    (only rows that asked for logits)
  *
+ * Architecture switches (model.h cb_arch_cfg): q/k/v biases added after the
+ * projections (qwen2); RMSNorm of q and k per head or over the whole
+ * projection before RoPE (qwen3, olmoe); and a mixture-of-experts FFN:
+ *
+ *   p = softmax(Wr h) ; E = top-k(p) ; w_e = p_e (/ sum_E p if renormalised)
+ *   x += sum_{e in E, rank order} w_e * Wd_e (silu(Wg_e h) * Wu_e h)
+ *        (+ sigmoid(g . h) * shared expert(h), qwen2moe)
+ *
+ * Experts are computed batch-union: every expert routed by any row of the
+ * forward runs once, over exactly the rows routed to it (gathered), so its
+ * weights are read once per layer per forward.  A row's result is still
+ * independent of the batch: the matmul kernels are row-independent, and a
+ * row sums its own experts' outputs in its own rank order.
+ *
  * Every per-row operation reads only its own row (and its own slot's KV), in
  * a fixed order, so a row's result does not depend on the batch around it.
  */
@@ -56,18 +70,39 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     c->q = alloc64(B * qdim * sizeof(float));
     c->kx = alloc64(B * c->kv_dim * sizeof(float));
     c->vx = alloc64(B * c->kv_dim * sizeof(float));
-    c->hb = alloc64(B * I->n_ff * sizeof(float));
-    c->hb2 = alloc64(B * I->n_ff * sizeof(float));
+    const size_t ffw = (size_t)m->n_ff_max;
+    c->hb = alloc64(B * ffw * sizeof(float));
+    c->hb2 = alloc64(B * ffw * sizeof(float));
     c->tmp = alloc64(B * I->n_embd * sizeof(float));
     c->rope = alloc64(B * I->n_rot * sizeof(float));
     c->scores = alloc64((size_t)cb_pool_size(pool) * n_ctx * sizeof(float));
     c->xl = alloc64((size_t)n_logits * I->n_embd * sizeof(float));
     c->logits = alloc64((size_t)n_logits * I->n_vocab * sizeof(float));
     size_t s = cb_matmul_scratch(wide, n_batch);
-    size_t s2 = cb_matmul_scratch(I->n_ff, n_batch);
+    size_t s2 = cb_matmul_scratch(m->n_ff_max, n_batch);
     c->mm_scratch = alloc64(s > s2 ? s : s2);
+    c->trace_step = -1;
+    int moe_ok = 1;
+    if (m->cfg.moe) {
+        const size_t K = (size_t)m->n_expert_used, E = (size_t)m->n_expert, NL = (size_t)I->n_layer;
+        c->n_expert = m->n_expert;
+        c->n_used = m->n_expert_used;
+        c->router = alloc64(B * E * sizeof(float));
+        c->sel = alloc64(NL * B * K * sizeof(int32_t));
+        c->sel_w = alloc64(NL * B * K * sizeof(float));
+        c->e_off = alloc64((E + 1) * sizeof(int32_t));
+        c->e_items = alloc64(B * K * sizeof(int32_t));
+        c->xg = alloc64(B * I->n_embd * sizeof(float));
+        c->og = alloc64(B * I->n_embd * sizeof(float));
+        c->eo = alloc64(B * K * I->n_embd * sizeof(float));
+        c->sh = m->cfg.shared_expert ? alloc64(B * I->n_embd * sizeof(float)) : NULL;
+        c->expert_counts = alloc64(NL * E * sizeof(int64_t));
+        moe_ok = c->router && c->sel && c->sel_w && c->e_off && c->e_items && c->xg && c->og && c->eo &&
+                 (c->sh || !m->cfg.shared_expert) && c->expert_counts;
+        if (moe_ok) for (size_t i = 0; i < NL * B * K; i++) c->sel[i] = -1;
+    }
     if (!c->k_cache || !c->v_cache || !c->x || !c->xb || !c->q || !c->kx || !c->vx || !c->hb ||
-        !c->hb2 || !c->tmp || !c->rope || !c->scores || !c->xl || !c->logits || !c->mm_scratch) {
+        !c->hb2 || !c->tmp || !c->rope || !c->scores || !c->xl || !c->logits || !c->mm_scratch || !moe_ok) {
         snprintf(err, err_len, "out of memory allocating the KV cache (%.1f MiB) and buffers",
                  2.0 * kv / (1024.0 * 1024.0));
         cb_ctx_free(c);
@@ -80,6 +115,9 @@ void cb_ctx_free(cb_ctx *c) {
     free(c->k_cache); free(c->v_cache); free(c->x); free(c->xb); free(c->q); free(c->kx);
     free(c->vx); free(c->hb); free(c->hb2); free(c->tmp); free(c->rope); free(c->scores);
     free(c->xl); free(c->logits); free(c->mm_scratch);
+    free(c->router); free(c->sel); free(c->sel_w); free(c->e_off); free(c->e_items);
+    free(c->xg); free(c->og); free(c->eo); free(c->sh); free(c->expert_counts);
+    if (c->trace) fclose(c->trace);
     memset(c, 0, sizeof *c);
 }
 
@@ -160,8 +198,22 @@ static void task_rope_store(void *arg, int ith, int nth) {
     const cb_model_info *I = &c->model->info;
     int r0, r1;
     rows_range(t->n, ith, nth, &r0, &r1);
+    const cb_layer *L = &c->model->layers[t->layer];
+    const int qk_norm = c->model->cfg.qk_norm, hd = I->head_dim;
     size_t qdim = (size_t)I->n_head * I->head_dim;
     for (int r = r0; r < r1; r++) {
+        float *q = c->q + r * qdim, *k = c->kx + (size_t)r * c->kv_dim, *v = c->vx + (size_t)r * c->kv_dim;
+        if (L->bq) {  /* qwen2: projection biases */
+            for (size_t i = 0; i < qdim; i++) q[i] += L->bq[i];
+            for (int i = 0; i < c->kv_dim; i++) { k[i] += L->bk[i]; v[i] += L->bv[i]; }
+        }
+        if (qk_norm == 1) {  /* qwen3: RMSNorm of each head, in place */
+            for (int h = 0; h < I->n_head; h++) rmsnorm_row(q + (size_t)h * hd, L->q_norm, q + (size_t)h * hd, hd, I->norm_eps);
+            for (int h = 0; h < I->n_head_kv; h++) rmsnorm_row(k + (size_t)h * hd, L->k_norm, k + (size_t)h * hd, hd, I->norm_eps);
+        } else if (qk_norm == 2) {  /* olmoe: RMSNorm of the whole projection */
+            rmsnorm_row(q, L->q_norm, q, (int)qdim, I->norm_eps);
+            rmsnorm_row(k, L->k_norm, k, c->kv_dim, I->norm_eps);
+        }
         const float *cs = c->rope + (size_t)r * I->n_rot;
         rope_apply(c->q + r * qdim, cs, I->n_head, I->head_dim, I->n_rot, I->rope_neox);
         rope_apply(c->kx + (size_t)r * c->kv_dim, cs, I->n_head_kv, I->head_dim, I->n_rot, I->rope_neox);
@@ -205,10 +257,11 @@ static void task_attention(void *arg, int ith, int nth) {
     }
 }
 
+/* hb = silu(hb) * hb2 over rows of width t->dim (packed). */
 static void task_swiglu(void *arg, int ith, int nth) {
     row_task *t = arg;
     cb_ctx *c = t->c;
-    int n_ff = c->model->info.n_ff;
+    int n_ff = t->dim;
     int r0, r1;
     rows_range(t->n, ith, nth, &r0, &r1);
     for (int r = r0; r < r1; r++) {
@@ -223,6 +276,160 @@ static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *
     double t0 = now_ms();
     cb_matmul(c->pool, c->k, w, x, n, y, c->mm_scratch);
     c->t_matmul += now_ms() - t0;
+}
+
+/* ------------------------------------------------------ mixture of experts */
+
+/* Softmax over the router logits, then top-k: k passes each taking the
+ * highest remaining probability (lowest expert id on ties).  Per row, in a
+ * fixed order, so routing never depends on the batch. */
+static void route_row(const cb_model *m, const float *logits, float *prob, int32_t *sel, float *w) {
+    const int E = m->n_expert, K = m->n_expert_used;
+    float mx = logits[0];
+    for (int e = 1; e < E; e++) if (logits[e] > mx) mx = logits[e];
+    double sum = 0;
+    for (int e = 0; e < E; e++) { prob[e] = expf(logits[e] - mx); sum += prob[e]; }
+    const float inv = (float)(1.0 / sum);
+    for (int e = 0; e < E; e++) prob[e] *= inv;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
+        }
+        sel[k] = best;
+        w[k] = prob[best];
+    }
+    if (m->cfg.moe_norm_topk) {
+        double s = 0;
+        for (int k = 0; k < K; k++) s += w[k];
+        for (int k = 0; k < K; k++) w[k] = (float)(w[k] / s);
+    }
+    if (m->expert_weights_scale != 1.0f)
+        for (int k = 0; k < K; k++) w[k] *= m->expert_weights_scale;
+}
+
+static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *y);
+
+/* The MoE FFN of layer l over c->xb (normed rows); result in c->tmp. */
+static void moe_ffn(cb_ctx *c, int l, const cb_batch *b, row_task *t) {
+    const cb_model *m = c->model;
+    const cb_layer *L = &m->layers[l];
+    const int n = b->n, D = m->info.n_embd, E = m->n_expert, K = m->n_expert_used, F = m->n_ff_exp;
+    int32_t *sel = c->sel + (size_t)l * c->n_batch * K;
+    float *sw = c->sel_w + (size_t)l * c->n_batch * K;
+
+    /* 1. route every row */
+    matmul(c, &L->gate_inp, c->xb, n, c->router);
+    for (int r = 0; r < n; r++)
+        route_row(m, c->router + (size_t)r * E, c->router + (size_t)r * E, sel + (size_t)r * K, sw + (size_t)r * K);
+
+    /* 2. group (row, rank) items by expert: counting sort, rows ascending */
+    int32_t *off = c->e_off;
+    memset(off, 0, (size_t)(E + 1) * sizeof(int32_t));
+    for (int i = 0; i < n * K; i++) off[sel[i] + 1]++;
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    for (int i = 0; i < n * K; i++) c->e_items[off[sel[i]]++] = i;   /* off[e] now = end of e */
+    for (int e = E; e > 0; e--) off[e] = off[e - 1];
+    off[0] = 0;
+
+    /* 3. each routed expert once, over its gathered rows */
+    for (int e = 0; e < E; e++) {
+        const int m_rows = off[e + 1] - off[e];
+        if (m_rows == 0) continue;
+        const int32_t *items = c->e_items + off[e];
+        for (int j = 0; j < m_rows; j++)
+            memcpy(c->xg + (size_t)j * D, c->xb + (size_t)(items[j] / K) * D, (size_t)D * sizeof(float));
+        cb_weight wg = cb_expert_view(&L->gate_exps, F, e);
+        cb_weight wu = cb_expert_view(&L->up_exps, F, e);
+        cb_weight wd = cb_expert_view(&L->down_exps, D, e);
+        matmul(c, &wg, c->xg, m_rows, c->hb);
+        matmul(c, &wu, c->xg, m_rows, c->hb2);
+        row_task ts = *t;
+        ts.n = m_rows;
+        ts.dim = F;
+        run_rows(c, task_swiglu, &ts);
+        matmul(c, &wd, c->hb, m_rows, c->og);
+        for (int j = 0; j < m_rows; j++)
+            memcpy(c->eo + (size_t)items[j] * D, c->og + (size_t)j * D, (size_t)D * sizeof(float));
+        c->expert_counts[(size_t)l * E + e] += m_rows;
+        c->n_expert_runs++;
+    }
+    c->n_expert_routed += (int64_t)n * K;
+
+    /* 4. per row: weighted sum of its experts in rank order */
+    for (int r = 0; r < n; r++) {
+        float *o = c->tmp + (size_t)r * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int k = 0; k < K; k++) {
+            const float w = sw[(size_t)r * K + k];
+            const float *src = c->eo + ((size_t)r * K + k) * D;
+            for (int i = 0; i < D; i++) o[i] += w * src[i];
+        }
+    }
+
+    /* 5. shared expert (qwen2moe): o += sigmoid(g . h) * FFN_sh(h) */
+    if (m->cfg.shared_expert) {
+        matmul(c, &L->gate_shexp, c->xb, n, c->hb);
+        matmul(c, &L->up_shexp, c->xb, n, c->hb2);
+        row_task ts = *t;
+        ts.n = n;
+        ts.dim = m->n_ff_shexp;
+        run_rows(c, task_swiglu, &ts);
+        matmul(c, &L->down_shexp, c->hb, n, c->sh);
+        for (int r = 0; r < n; r++) {
+            const float *h = c->xb + (size_t)r * D;
+            double gd = 0;
+            for (int i = 0; i < D; i++) gd += (double)L->gate_inp_shexp[i] * h[i];
+            const float g = (float)(1.0 / (1.0 + exp(-gd)));
+            float *o = c->tmp + (size_t)r * D;
+            const float *src = c->sh + (size_t)r * D;
+            for (int i = 0; i < D; i++) o[i] += g * src[i];
+        }
+    }
+
+    /* 6. optional route trace (outside the arithmetic: never changes results) */
+    if (c->trace) {
+        for (int r = 0; r < n; r++)
+            for (int k = 0; k < K; k++)
+                fprintf(c->trace, "%lld,%lld,%d,%d,%d,%d,%d,%d,%.9g\n", (long long)c->trace_step,
+                        (long long)c->n_forward, r, b->slot[r], b->pos[r], l, k,
+                        sel[(size_t)r * K + k], (double)sw[(size_t)r * K + k]);
+    }
+}
+
+int cb_ctx_expert_counts(const cb_ctx *c, int64_t *out, int64_t cap) {
+    if (!c || cap < 0 || (cap > 0 && !out)) return CB_ERR_ARG;
+    const int64_t total = (int64_t)c->model->info.n_layer * c->n_expert;
+    if (c->n_expert == 0) return 0;
+    memcpy(out, c->expert_counts, (size_t)(cap < total ? cap : total) * sizeof(int64_t));
+    return (int)total;
+}
+
+int cb_ctx_route_trace(cb_ctx *c, const char *path, char *err, size_t err_len) {
+    if (!c) return CB_ERR_ARG;
+    if (c->trace) { fclose(c->trace); c->trace = NULL; }
+    if (!path || !path[0]) return CB_OK;
+    if (c->n_expert == 0) {
+        if (err && err_len) snprintf(err, err_len, "the model has no experts to trace");
+        return CB_ERR_UNSUPPORTED;
+    }
+    c->trace = fopen(path, "a");
+    if (!c->trace) {
+        if (err && err_len) snprintf(err, err_len, "cannot open route trace '%s' for appending", path);
+        return CB_ERR_IO;
+    }
+    if (ftell(c->trace) == 0) fprintf(c->trace, "step,forward,row,slot,pos,layer,rank,expert,weight\n");
+    return CB_OK;
+}
+
+int cb_ctx_row_experts(const cb_ctx *c, int row, int layer, int32_t *out) {
+    if (!c || !out || c->n_expert == 0 || row < 0 || row >= c->n_batch || layer < 0 ||
+        layer >= c->model->info.n_layer)
+        return CB_ERR_ARG;
+    memcpy(out, c->sel + ((size_t)layer * c->n_batch + row) * c->n_used, (size_t)c->n_used * sizeof(int32_t));
+    return c->n_used;
 }
 
 void cb_forward(cb_ctx *c, const cb_batch *b) {
@@ -246,7 +453,10 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
     row_task t = { .c = c, .b = b, .n = n, .dim = D };
     for (int l = 0; l < I->n_layer; l++) {
         const cb_layer *L = &m->layers[l];
-        if (c->skip_layer && c->skip_layer[l]) continue;  /* residual passes through unchanged */
+        if (c->skip_layer && c->skip_layer[l]) {  /* residual passes through unchanged */
+            if (c->sel) for (size_t i = 0; i < (size_t)c->n_batch * c->n_used; i++) c->sel[(size_t)l * c->n_batch * c->n_used + i] = -1;
+            continue;
+        }
         t.layer = l;
         /* attention */
         t.norm_w = L->attn_norm; t.in = c->x; t.out = c->xb;
@@ -264,10 +474,16 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         /* feed-forward */
         t.norm_w = L->ffn_norm; t.in = c->x; t.out = c->xb;
         run_rows(c, task_rmsnorm, &t);
-        matmul(c, &L->w_gate, c->xb, n, c->hb);
-        matmul(c, &L->w_up, c->xb, n, c->hb2);
-        run_rows(c, task_swiglu, &t);
-        matmul(c, &L->w_down, c->hb, n, c->tmp);
+        if (m->cfg.moe) {
+            moe_ffn(c, l, b, &t);
+        } else {
+            matmul(c, &L->w_gate, c->xb, n, c->hb);
+            matmul(c, &L->w_up, c->xb, n, c->hb2);
+            t.dim = I->n_ff;
+            run_rows(c, task_swiglu, &t);
+            t.dim = D;
+            matmul(c, &L->w_down, c->hb, n, c->tmp);
+        }
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->tmp[i];
     }
 
@@ -284,5 +500,6 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         cb_matmul(c->pool, c->k, &m->output, c->xl, n_out, c->logits, c->mm_scratch);
         c->t_lm_head += now_ms() - th;
     }
+    c->n_forward++;
     c->t_other += (now_ms() - t0) - (c->t_matmul - tm0) - (c->t_attention - ta0) - (c->t_lm_head - th0);
 }

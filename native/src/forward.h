@@ -11,6 +11,8 @@
 
 #include "model.h"
 
+#include <stdio.h>
+
 typedef struct {
     const cb_model   *model;
     const cb_kernels *k;          /* SIMD level's kernel table */
@@ -35,6 +37,24 @@ typedef struct {
     float *logits;                /* output                     [n_logits x n_vocab] */
     void  *mm_scratch;            /* quantized activations for cb_matmul */
     const uint8_t *skip_layer;    /* [n_layer] 1 = skip this block (self-speculative drafts); NULL = run all */
+    /* mixture of experts (all NULL / 0 for a dense model) */
+    int    n_expert, n_used;      /* experts per layer, experts routed per row (top-k) */
+    float *router;                /* router logits -> probabilities [n_batch x n_expert] */
+    int32_t *sel;                 /* last forward's routing [n_layer x n_batch x n_used]:
+                                     expert ids in rank order (-1: layer skipped) */
+    float *sel_w;                 /* their gate weights       [n_layer x n_batch x n_used] */
+    int32_t *e_off;               /* row lists per expert: offsets [n_expert + 1] */
+    int32_t *e_items;             /* (row * n_used + rank) grouped by expert [n_batch x n_used] */
+    float *xg;                    /* rows gathered for one expert [n_batch x n_embd] */
+    float *og;                    /* one expert's output rows     [n_batch x n_embd] */
+    float *eo;                    /* per (row, rank) expert outputs [n_batch x n_used x n_embd] */
+    float *sh;                    /* shared expert output         [n_batch x n_embd] (qwen2moe) */
+    int64_t *expert_counts;       /* rows routed to (layer, expert) over the ctx's life [n_layer x n_expert] */
+    int64_t n_expert_runs;        /* expert FFNs computed (one per unique (layer, expert) per forward), ever */
+    int64_t n_expert_routed;      /* (row, layer, expert) routings, ever */
+    int64_t n_forward;            /* forwards run, ever (trace column) */
+    int64_t trace_step;           /* engine step written in the route trace (set by the engine; -1 unknown) */
+    FILE  *trace;                 /* route trace (CSV) or NULL; owned */
     /* time accumulated by phase since the last reset (ms) */
     double t_matmul, t_attention, t_lm_head, t_other;
 } cb_ctx;
@@ -58,5 +78,23 @@ void cb_forward(cb_ctx *ctx, const cb_batch *batch);
 
 /* Copy positions [0, n) of every layer's KV from slot src to slot dst. */
 void cb_kv_copy(cb_ctx *ctx, int dst, int src, int n);
+
+/* --- expert statistics (MoE models; the engine exposes these) --- */
+
+/* Copy the (layer, expert) routing counts, n_layer * n_expert int64s in
+ * layer-major order, to out (up to cap).  Returns n_layer * n_expert (0 for
+ * a dense model) or CB_ERR_ARG. */
+int cb_ctx_expert_counts(const cb_ctx *ctx, int64_t *out, int64_t cap);
+
+/* Start appending the route trace to `path` (CSV with a header line:
+ * step,forward,row,slot,pos,layer,rank,expert,weight), replacing any trace
+ * in progress; NULL or "" stops tracing.  CB_ERR_IO if it cannot be opened,
+ * CB_ERR_UNSUPPORTED for a dense model. */
+int cb_ctx_route_trace(cb_ctx *ctx, const char *path, char *err, size_t err_len);
+
+/* Experts row `row` of the last forward was routed to in `layer`: writes
+ * n_used ids (rank order; -1 if the layer was skipped) and returns n_used,
+ * or CB_ERR_ARG.  For per-request unique-expert accounting in the engine. */
+int cb_ctx_row_experts(const cb_ctx *ctx, int row, int layer, int32_t *out);
 
 #endif

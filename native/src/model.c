@@ -25,13 +25,24 @@ static void set_err(char *err, size_t err_len, const char *fmt, ...) {
 /* --------------------------------------------------------- architectures */
 
 typedef struct {
-    const char *name;      /* general.architecture */
-    int         rope_neox; /* RoPE pairing: 0 adjacent (llama), 1 half-split (NeoX) */
+    const char *name;     /* general.architecture */
+    cb_arch_cfg cfg;      /* see model.h; moe here = "experts required" */
+    int         moe_opt;  /* 1: experts if <arch>.expert_count > 0 (llama: Mixtral) */
 } cb_arch;
 
+/*                 rope_neox qkv_bias qk_norm moe norm_topk shexp   moe_opt
+ * Conventions as llama.cpp's llama-model.cpp: Mixtral is "llama" with
+ * experts and renormalised top-k; qwen3moe renormalises, olmoe and qwen2moe
+ * do not; olmoe normalises the whole q / k projection. */
 static const cb_arch ARCHES[] = {
-    { "llama", 0 },
+    { "llama",    { 0, 0, 0, 0, 1, 0 }, 1 },
+    { "qwen2",    { 1, 1, 0, 0, 0, 0 }, 0 },
+    { "qwen3",    { 1, 0, 1, 0, 0, 0 }, 0 },
+    { "qwen3moe", { 1, 0, 1, 1, 1, 0 }, 0 },
+    { "olmoe",    { 1, 0, 2, 1, 0, 0 }, 0 },
+    { "qwen2moe", { 1, 1, 0, 1, 0, 1 }, 0 },
 };
+#define ARCH_NAMES "llama, qwen2, qwen3, qwen3moe, olmoe, qwen2moe"
 
 static const cb_arch *arch_find(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof(ARCHES) / sizeof(ARCHES[0]); i++)
@@ -128,6 +139,41 @@ static int get_norm(const cb_model *m, const char *name, int64_t n, float **out,
     cb_weight_row_f32(&w, 0, v);
     *out = v;
     return CB_OK;
+}
+
+/* A stacked expert tensor: GGUF 3-D [n_in, n_out, n_expert] of a supported
+ * type, viewed as 2-D with n_expert*n_out rows (rows of one expert are
+ * contiguous because ne[1] varies faster than ne[2]). */
+static int get_experts(const cb_model *m, const char *name, int64_t n_in, int64_t n_out, int64_t n_expert,
+                       cb_weight *w, char *err, size_t err_len) {
+    const cb_gguf_tensor *t = cb_gguf_find_tensor(&m->gguf, name);
+    memset(w, 0, sizeof *w);
+    if (!t) { set_err(err, err_len, "missing tensor '%s'", name); return CB_ERR_FORMAT; }
+    if (t->n_dims != 3 || t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_expert || t->ne[3] != 1) {
+        set_err(err, err_len, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %lld] from the model's hyperparameters",
+                name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                (long long)n_in, (long long)n_out, (long long)n_expert);
+        return CB_ERR_FORMAT;
+    }
+    if (!cb_type_supported((int)t->type)) {
+        set_err(err, err_len, "tensor '%s' has type %s, which the engine does not support yet",
+                name, cb_type_name((int)t->type));
+        return CB_ERR_UNSUPPORTED;
+    }
+    w->type = (int)t->type;
+    w->n_in = n_in;
+    w->n_out = n_out * n_expert;
+    w->data = t->data;
+    w->row_bytes = cb_type_size((int)t->type, n_in);
+    return CB_OK;
+}
+
+/* Like get_norm, but CB_ERR_NOT_FOUND (no message) when absent and optional. */
+static int get_vec(const cb_model *m, const char *name, int64_t n, int required, float **out,
+                   char *err, size_t err_len) {
+    *out = NULL;
+    if (!cb_gguf_find_tensor(&m->gguf, name) && !required) return CB_ERR_NOT_FOUND;
+    return get_norm(m, name, n, out, err, err_len);
 }
 
 /* ------------------------------------------------------------- vocabulary */
@@ -280,8 +326,43 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
     const int64_t BIG = 1 << 20;
     if ((rc = hp_int(g, an, "embedding_length", 1, 1, BIG, &v, err, err_len))) return rc;
     I->n_embd = (int)v;
-    if ((rc = hp_int(g, an, "feed_forward_length", 1, 1, BIG, &v, err, err_len))) return rc;
+    /* Experts: required by the MoE families, optional for llama (Mixtral). */
+    m->cfg = arch->cfg;
+    rc = hp_int(g, an, "expert_count", 0, 0, 4096, &v, err, err_len);
+    if (rc == CB_ERR_NOT_FOUND) v = 0; else if (rc) return rc;
+    m->n_expert = (int)v;
+    if (arch->moe_opt && m->n_expert > 0) m->cfg.moe = 1;
+    if (m->cfg.moe) {
+        if (m->n_expert < 1) { set_err(err, err_len, "%s.expert_count must be >= 1 for architecture '%s'", an, an); return CB_ERR_FORMAT; }
+        if ((rc = hp_int(g, an, "expert_used_count", 1, 1, m->n_expert, &v, err, err_len))) return rc;
+        m->n_expert_used = (int)v;
+    } else {
+        m->n_expert = 0;  /* a dense architecture ignores a stray expert_count */
+    }
+    /* Dense FFN width; for MoE models it may be absent (experts have their own). */
+    rc = hp_int(g, an, "feed_forward_length", !m->cfg.moe, 1, BIG, &v, err, err_len);
+    if (rc == CB_ERR_NOT_FOUND) v = 0; else if (rc) return rc;
     I->n_ff = (int)v;
+    if (m->cfg.moe) {
+        rc = hp_int(g, an, "expert_feed_forward_length", 0, 1, BIG, &v, err, err_len);
+        if (rc == CB_ERR_NOT_FOUND) {
+            if (I->n_ff <= 0) { set_err(err, err_len, "missing metadata key '%s.expert_feed_forward_length' (and no feed_forward_length)", an); return CB_ERR_FORMAT; }
+            v = I->n_ff;  /* llama (Mixtral), olmoe: experts use feed_forward_length */
+        } else if (rc) return rc;
+        m->n_ff_exp = (int)v;
+        if (I->n_ff <= 0) I->n_ff = m->n_ff_exp;
+        if (m->cfg.shared_expert) {
+            rc = hp_int(g, an, "expert_shared_feed_forward_length", 0, 1, BIG, &v, err, err_len);
+            if (rc == CB_ERR_NOT_FOUND) v = I->n_ff; else if (rc) return rc;
+            m->n_ff_shexp = (int)v;
+        }
+        double sc;
+        if ((rc = hp_float(g, an, "expert_weights_scale", 1.0, 0.0, 1e6, &sc, err, err_len))) return rc;
+        m->expert_weights_scale = sc == 0.0 ? 1.0f : (float)sc;  /* llama.cpp: 0 = off */
+    }
+    m->n_ff_max = I->n_ff;
+    if (m->n_ff_exp > m->n_ff_max) m->n_ff_max = m->n_ff_exp;
+    if (m->n_ff_shexp > m->n_ff_max) m->n_ff_max = m->n_ff_shexp;
     if ((rc = hp_int(g, an, "block_count", 1, 1, 4096, &v, err, err_len))) return rc;
     I->n_layer = (int)v;
     if ((rc = hp_int(g, an, "attention.head_count", 1, 1, 4096, &v, err, err_len))) return rc;
@@ -292,23 +373,36 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
     rc = hp_int(g, an, "context_length", 0, 1, 1 << 24, &v, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) v = 2048; else if (rc) return rc;
     I->n_ctx_train = (int)v;
-    if (I->n_embd % I->n_head) {
-        set_err(err, err_len, "embedding_length %d is not a multiple of head_count %d", I->n_embd, I->n_head);
-        return CB_ERR_FORMAT;
-    }
     if (I->n_head % I->n_head_kv) {
         set_err(err, err_len, "head_count %d is not a multiple of head_count_kv %d", I->n_head, I->n_head_kv);
         return CB_ERR_FORMAT;
     }
+    /* Head size: attention.key_length when given (qwen3: q_dim may differ
+     * from n_embd), else n_embd / n_head. */
     rc = hp_int(g, an, "attention.key_length", 0, 2, 4096, &v, err, err_len);
-    if (rc == CB_ERR_NOT_FOUND) v = I->n_embd / I->n_head; else if (rc) return rc;
+    if (rc == CB_ERR_NOT_FOUND) {
+        if (I->n_embd % I->n_head) {
+            set_err(err, err_len, "embedding_length %d is not a multiple of head_count %d", I->n_embd, I->n_head);
+            return CB_ERR_FORMAT;
+        }
+        v = I->n_embd / I->n_head;
+    } else if (rc) return rc;
     I->head_dim = (int)v;
+    {   /* values must have the same head size: the engine's KV rows share it */
+        int64_t vl;
+        rc = hp_int(g, an, "attention.value_length", 0, 2, 4096, &vl, err, err_len);
+        if (rc == CB_OK && vl != I->head_dim) {
+            set_err(err, err_len, "attention.value_length %lld differs from key_length %d (not supported)", (long long)vl, I->head_dim);
+            return CB_ERR_UNSUPPORTED;
+        }
+        if (rc != CB_OK && rc != CB_ERR_NOT_FOUND) return rc;
+    }
     if (I->head_dim % 2) { set_err(err, err_len, "head dimension %d is odd", I->head_dim); return CB_ERR_FORMAT; }
     rc = hp_int(g, an, "rope.dimension_count", 0, 2, I->head_dim, &v, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) v = I->head_dim; else if (rc) return rc;
     if (v % 2) { set_err(err, err_len, "rope.dimension_count %lld is odd", (long long)v); return CB_ERR_FORMAT; }
     I->n_rot = (int)v;
-    I->rope_neox = arch->rope_neox;
+    I->rope_neox = arch->cfg.rope_neox;
     double d;
     if ((rc = hp_float(g, an, "rope.freq_base", 10000.0, 1e-3, 1e12, &d, err, err_len))) return rc;
     I->rope_freq_base = (float)d;
@@ -356,13 +450,54 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
 #define W(field, suffix, nin, nout) \
         snprintf(name, sizeof name, "blk.%d." suffix ".weight", l); \
         if ((rc = get_weight(m, name, nin, nout, 1, &L->field, err, err_len))) return rc;
+#define V(field, suffix, n) \
+        snprintf(name, sizeof name, "blk.%d." suffix, l); \
+        if ((rc = get_vec(m, name, n, 1, &L->field, err, err_len))) return rc;
         W(wq, "attn_q", I->n_embd, qdim)
         W(wk, "attn_k", I->n_embd, kvdim)
         W(wv, "attn_v", I->n_embd, kvdim)
         W(wo, "attn_output", qdim, I->n_embd)
-        W(w_gate, "ffn_gate", I->n_embd, I->n_ff)
-        W(w_up, "ffn_up", I->n_embd, I->n_ff)
-        W(w_down, "ffn_down", I->n_ff, I->n_embd)
+        if (m->cfg.qkv_bias) {
+            V(bq, "attn_q.bias", qdim)
+            V(bk, "attn_k.bias", kvdim)
+            V(bv, "attn_v.bias", kvdim)
+        }
+        if (m->cfg.qk_norm) {
+            int whole = m->cfg.qk_norm == 2;
+            V(q_norm, "attn_q_norm.weight", whole ? qdim : I->head_dim)
+            V(k_norm, "attn_k_norm.weight", whole ? kvdim : I->head_dim)
+        }
+        if (!m->cfg.moe) {
+            W(w_gate, "ffn_gate", I->n_embd, I->n_ff)
+            W(w_up, "ffn_up", I->n_embd, I->n_ff)
+            W(w_down, "ffn_down", I->n_ff, I->n_embd)
+        } else {
+            W(gate_inp, "ffn_gate_inp", I->n_embd, m->n_expert)
+#define X(field, suffix, nin, nout) \
+            snprintf(name, sizeof name, "blk.%d." suffix ".weight", l); \
+            if ((rc = get_experts(m, name, nin, nout, m->n_expert, &L->field, err, err_len))) return rc;
+            X(gate_exps, "ffn_gate_exps", I->n_embd, m->n_ff_exp)
+            X(up_exps, "ffn_up_exps", I->n_embd, m->n_ff_exp)
+            X(down_exps, "ffn_down_exps", m->n_ff_exp, I->n_embd)
+#undef X
+            if (m->cfg.shared_expert) {
+                W(gate_shexp, "ffn_gate_shexp", I->n_embd, m->n_ff_shexp)
+                W(up_shexp, "ffn_up_shexp", I->n_embd, m->n_ff_shexp)
+                W(down_shexp, "ffn_down_shexp", m->n_ff_shexp, I->n_embd)
+                /* llama.cpp stores the shared gate as a [n_embd] (or [n_embd, 1]) tensor */
+                snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
+                const cb_gguf_tensor *gt = cb_gguf_find_tensor(g, name);
+                if (!gt) { set_err(err, err_len, "missing tensor '%s'", name); return CB_ERR_FORMAT; }
+                if (gt->n_dims == 2 && gt->ne[1] == 1 && gt->ne[0] == I->n_embd) {
+                    cb_weight gw;
+                    if ((rc = get_weight(m, name, I->n_embd, 1, 1, &gw, err, err_len))) return rc;
+                    L->gate_inp_shexp = malloc((size_t)I->n_embd * sizeof(float));
+                    if (!L->gate_inp_shexp) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
+                    cb_weight_row_f32(&gw, 0, L->gate_inp_shexp);
+                } else if ((rc = get_norm(m, name, I->n_embd, &L->gate_inp_shexp, err, err_len))) return rc;
+            }
+        }
+#undef V
 #undef W
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((rc = get_norm(m, name, I->n_embd, &L->attn_norm, err, err_len))) return rc;
@@ -394,7 +529,7 @@ int cb_model_load(const char *path, const cb_model_params *params, cb_model **ou
     if (rc) goto fail;
     const cb_arch *arch = arch_find(an.ptr, an.len);
     if (!arch) {
-        set_err(err, err_len, "unsupported architecture '%.*s' (supported: llama)", (int)(an.len > 64 ? 64 : an.len), an.ptr);
+        set_err(err, err_len, "unsupported architecture '%.*s' (supported: " ARCH_NAMES ")", (int)(an.len > 64 ? 64 : an.len), an.ptr);
         rc = CB_ERR_UNSUPPORTED;
         goto fail;
     }
@@ -422,7 +557,11 @@ fail:
 void cb_model_free(cb_model *m) {
     if (!m) return;
     if (m->layers) {
-        for (int l = 0; l < m->info.n_layer; l++) { free(m->layers[l].attn_norm); free(m->layers[l].ffn_norm); }
+        for (int l = 0; l < m->info.n_layer; l++) {
+            cb_layer *L = &m->layers[l];
+            free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv);
+            free(L->q_norm); free(L->k_norm); free(L->gate_inp_shexp);
+        }
         free(m->layers);
     }
     free(m->output_norm);
@@ -437,6 +576,12 @@ void cb_model_free(cb_model *m) {
 /* ------------------------------------------------------------- accessors */
 
 void cb_model_get_info(const cb_model *m, cb_model_info *info) { *info = m->info; }
+
+void cb_model_moe_info(const cb_model *m, int *n_expert, int *n_expert_used, int *n_ff_exp) {
+    if (n_expert) *n_expert = m->n_expert;
+    if (n_expert_used) *n_expert_used = m->n_expert_used;
+    if (n_ff_exp) *n_ff_exp = m->n_ff_exp;
+}
 
 int cb_model_meta_count(const cb_model *m) { return (int)m->gguf.n_kv; }
 

@@ -9,8 +9,22 @@
 #include "gguf.h"
 #include "kernels.h"
 
+/* What distinguishes one llama-family architecture from another: a row of
+ * the table in model.c, plus what the file's metadata switches on (experts). */
+typedef struct {
+    int rope_neox;     /* RoPE pairing: 0 adjacent pairs (llama), 1 half-split (NeoX) */
+    int qkv_bias;      /* 1: attn_q/k/v have .bias vectors (qwen2, qwen2moe) */
+    int qk_norm;       /* 0 none; 1 RMSNorm per head with a [head_dim] weight (qwen3,
+                          qwen3moe); 2 RMSNorm over the whole q / k projection with a
+                          [q_dim] / [kv_dim] weight (olmoe) — always before RoPE */
+    int moe;           /* 1: the FFN is a mixture of experts (ffn_gate_inp + ffn_*_exps) */
+    int moe_norm_topk; /* 1: the top-k softmax weights are renormalised to sum to 1 */
+    int shared_expert; /* 1: an always-on shared expert ffn_*_shexp gated by
+                          sigmoid(ffn_gate_inp_shexp . h) (qwen2moe) */
+} cb_arch_cfg;
+
 /* One transformer block's weights (all views into the mapping, except the
- * norms which are converted to f32 at load). */
+ * norms and biases which are converted to f32 at load). */
 typedef struct {
     float    *attn_norm;   /* [n_embd] owned */
     float    *ffn_norm;    /* [n_embd] owned */
@@ -18,9 +32,25 @@ typedef struct {
     cb_weight wk;          /* [n_head_kv*head_dim x n_embd] */
     cb_weight wv;          /* [n_head_kv*head_dim x n_embd] */
     cb_weight wo;          /* [n_embd x n_head*head_dim] */
+    float    *bq, *bk, *bv;/* [q_dim], [kv_dim], [kv_dim] owned; NULL unless cfg.qkv_bias */
+    float    *q_norm;      /* owned; [head_dim] (qk_norm 1) or [q_dim] (qk_norm 2); NULL if none */
+    float    *k_norm;      /* owned; [head_dim] (qk_norm 1) or [kv_dim] (qk_norm 2); NULL if none */
+    /* dense FFN (cfg.moe == 0) */
     cb_weight w_gate;      /* [n_ff x n_embd] */
     cb_weight w_up;        /* [n_ff x n_embd] */
     cb_weight w_down;      /* [n_embd x n_ff] */
+    /* mixture of experts (cfg.moe == 1).  The *_exps tensors are GGUF 3-D
+     * [n_in, n_out, n_expert]: expert e's matrix is rows [e*n_out, (e+1)*n_out)
+     * of a 2-D view with n_expert*n_out rows (see cb_expert_view). */
+    cb_weight gate_inp;    /* router [n_expert x n_embd] */
+    cb_weight gate_exps;   /* [n_expert*n_ff_exp x n_embd] */
+    cb_weight up_exps;     /* [n_expert*n_ff_exp x n_embd] */
+    cb_weight down_exps;   /* [n_expert*n_embd x n_ff_exp] */
+    /* shared expert (cfg.shared_expert == 1) */
+    cb_weight gate_shexp;  /* [n_ff_shexp x n_embd] */
+    cb_weight up_shexp;    /* [n_ff_shexp x n_embd] */
+    cb_weight down_shexp;  /* [n_embd x n_ff_shexp] */
+    float    *gate_inp_shexp; /* [n_embd] owned: the shared expert's scalar gate */
 } cb_layer;
 
 struct cb_model {
@@ -30,11 +60,27 @@ struct cb_model {
     cb_weight      output;       /* [n_vocab x n_embd]; equals tok_embd when tied */
     float         *output_norm;  /* [n_embd] owned */
     cb_layer      *layers;       /* [n_layer] owned */
+    cb_arch_cfg    cfg;          /* architecture switches (table row + metadata) */
+    int            n_expert;     /* experts per MoE layer (0: dense) */
+    int            n_expert_used;/* experts routed per token (top-k) */
+    int            n_ff_exp;     /* hidden size of one expert */
+    int            n_ff_shexp;   /* hidden size of the shared expert (0: none) */
+    int            n_ff_max;     /* max(n_ff, n_ff_exp, n_ff_shexp): FFN scratch width */
+    float          expert_weights_scale; /* multiplies the routing weights (1 = off) */
     /* vocabulary: token i's bytes are tok_bytes[tok_off[i] .. tok_off[i+1]) */
     uint8_t       *tok_bytes;    /* owned */
     uint32_t      *tok_off;      /* [n_vocab + 1] owned */
     uint8_t       *tok_type;     /* [n_vocab] GGUF token types (1 if absent) */
     uint8_t       *tok_eog;      /* [n_vocab] 1 = ends generation */
 };
+
+/* Expert e's slice of a stacked expert tensor as a plain 2-D weight of
+ * rows_per_expert rows (no copy). */
+static inline cb_weight cb_expert_view(const cb_weight *stack, int64_t rows_per_expert, int e) {
+    cb_weight w = *stack;
+    w.n_out = rows_per_expert;
+    w.data = (const uint8_t *)stack->data + (size_t)e * (size_t)rows_per_expert * stack->row_bytes;
+    return w;
+}
 
 #endif

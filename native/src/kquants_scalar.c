@@ -1,0 +1,166 @@
+/*
+ * kquants_scalar.c — K-quant (Q4_K, Q5_K, Q6_K) type info, row
+ * dequantization, SIMD dispatch and the portable kernels: the readable
+ * statement of what the AVX2 / AVX-512 paths compute bit for bit.
+ */
+#include "kquants.h"
+#include "colibri.h"
+
+#include <string.h>
+
+static inline uint16_t rd16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+int cb_kq_is_kquant(int type) {
+    return type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K;
+}
+
+size_t cb_kq_block_bytes(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_K: return sizeof(cb_block_q4_K);
+    case CB_TYPE_Q5_K: return sizeof(cb_block_q5_K);
+    case CB_TYPE_Q6_K: return sizeof(cb_block_q6_K);
+    default: return 0;
+    }
+}
+
+const char *cb_kq_type_name(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_K: return "q4_K";
+    case CB_TYPE_Q5_K: return "q5_K";
+    case CB_TYPE_Q6_K: return "q6_K";
+    default: return NULL;
+    }
+}
+
+/* ------------------------------------------------------------ dequantize */
+
+/* Element order of every block type: sub-block j covers out[32j .. 32j+32). */
+void cb_kq_row_f32(int type, const void *row, int64_t n, float *out) {
+    const uint8_t *p = row;
+    const int64_t nsb = n / CB_QK_K;
+    for (int64_t s = 0; s < nsb; s++, out += CB_QK_K) {
+        if (type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K) {
+            const int q5 = type == CB_TYPE_Q5_K;
+            const uint8_t *blk = p + (size_t)s * cb_kq_block_bytes(type);
+            const float d = cb_f16_to_f32(rd16(blk)), dmin = cb_f16_to_f32(rd16(blk + 2));
+            const uint8_t *scales = blk + 4;
+            const uint8_t *qh = q5 ? blk + 16 : NULL;
+            const uint8_t *qs = q5 ? blk + 48 : blk + 16;
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                cb_kq_scale_min(scales, j, &sc, &m);
+                const float dl = d * (float)sc, ml = dmin * (float)m;
+                const uint8_t *q = qs + 32 * (j / 2);
+                for (int l = 0; l < 32; l++) {
+                    int v = (j & 1) ? q[l] >> 4 : q[l] & 0xF;
+                    if (q5) v |= ((qh[l] >> j) & 1) << 4;
+                    out[32 * j + l] = dl * (float)v - ml;
+                }
+            }
+        } else if (type == CB_TYPE_Q6_K) {
+            const cb_block_q6_K *blk = (const cb_block_q6_K *)(p + (size_t)s * sizeof(cb_block_q6_K));
+            const float d = cb_f16_to_f32(rd16(&blk->d));
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = blk->ql + 64 * h, *qh = blk->qh + 32 * h;
+                const int8_t *sc = blk->scales + 8 * h;
+                for (int k = 0; k < 4; k++)
+                    for (int l = 0; l < 32; l++) {
+                        const int lo = k & 1 ? ql[l + 32] : ql[l];
+                        const int v = ((k & 2 ? lo >> 4 : lo & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+                        out[128 * h + 32 * k + l] = d * (float)sc[2 * k + l / 16] * (float)v;
+                    }
+            }
+        } else {
+            memset(out, 0, CB_QK_K * sizeof(float));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- dots */
+
+static float dot_q4_K(const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < nsb; s++) {
+        const cb_block_q4_K *blk = (const cb_block_q4_K *)(w + (size_t)s * sizeof(cb_block_q4_K));
+        const float d = cb_f16_to_f32(rd16(&blk->d)), dmin = cb_f16_to_f32(rd16(&blk->dmin));
+        for (int j = 0; j < 8; j++) {
+            const cb_block_q8 *xb = x + s * 8 + j;
+            const uint8_t *q = blk->qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);
+            int isum = 0;
+            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0xF) * xb->qs[l];
+            int sc, m;
+            cb_kq_scale_min(blk->scales, j, &sc, &m);
+            acc = cb_kq_acc_min(acc, isum * sc, d, dmin, m, xb);
+        }
+    }
+    return acc;
+}
+
+static float dot_q5_K(const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < nsb; s++) {
+        const cb_block_q5_K *blk = (const cb_block_q5_K *)(w + (size_t)s * sizeof(cb_block_q5_K));
+        const float d = cb_f16_to_f32(rd16(&blk->d)), dmin = cb_f16_to_f32(rd16(&blk->dmin));
+        for (int j = 0; j < 8; j++) {
+            const cb_block_q8 *xb = x + s * 8 + j;
+            const uint8_t *q = blk->qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);
+            int isum = 0;
+            for (int l = 0; l < 32; l++)
+                isum += (((q[l] >> shift) & 0xF) | (((blk->qh[l] >> j) & 1) << 4)) * xb->qs[l];
+            int sc, m;
+            cb_kq_scale_min(blk->scales, j, &sc, &m);
+            acc = cb_kq_acc_min(acc, isum * sc, d, dmin, m, xb);
+        }
+    }
+    return acc;
+}
+
+static float dot_q6_K(const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < nsb; s++) {
+        const cb_block_q6_K *blk = (const cb_block_q6_K *)(w + (size_t)s * sizeof(cb_block_q6_K));
+        const float d = cb_f16_to_f32(rd16(&blk->d));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = blk->ql + 64 * h, *qh = blk->qh + 32 * h;
+            const int8_t *sc = blk->scales + 8 * h;
+            for (int k = 0; k < 4; k++) {
+                const cb_block_q8 *xb = x + s * 8 + h * 4 + k;
+                int isum[2] = { 0, 0 };
+                for (int l = 0; l < 32; l++) {
+                    const int lo = k & 1 ? ql[l + 32] : ql[l];
+                    const int v = ((k & 2 ? lo >> 4 : lo & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+                    isum[l / 16] += v * xb->qs[l];
+                }
+                acc = cb_kq_acc(acc, sc[2 * k] * isum[0] + sc[2 * k + 1] * isum[1], d, xb);
+            }
+        }
+    }
+    return acc;
+}
+
+void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+                              float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t nsb = w->n_in / CB_QK_K, nb = w->n_in / CB_QK;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+        for (int r = 0; r < n_rows; r++) {
+            float v;
+            switch (w->type) {
+            case CB_TYPE_Q4_K: v = dot_q4_K(wr, xq + r * nb, nsb); break;
+            case CB_TYPE_Q5_K: v = dot_q5_K(wr, xq + r * nb, nsb); break;
+            case CB_TYPE_Q6_K: v = dot_q6_K(wr, xq + r * nb, nsb); break;
+            default: v = 0.0f; break;
+            }
+            y[r * ldy + o] = v;
+        }
+    }
+}
+
+void cb_kq_matmul_rows(int simd, const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+                       float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    if (simd == CB_SIMD_AVX512 && cb_kq_matmul_rows_avx512(w, xq, n_rows, y, ldy, o0, o1)) return;
+    if (simd >= CB_SIMD_AVX2 && cb_kq_matmul_rows_avx2(w, xq, n_rows, y, ldy, o0, o1)) return;
+    cb_kq_matmul_rows_scalar(w, xq, n_rows, y, ldy, o0, o1);
+}

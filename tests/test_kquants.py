@@ -1,0 +1,132 @@
+"""K-quant kernels (Q4_K, Q5_K, Q6_K) through the binding's test hook
+(_engine.kernel_matmul -> cb_kernel_matmul -> kquants*.c), against gguf's
+own dequantizer and numpy, on every SIMD level the CPU has.
+
+gguf.quants cannot quantize K-quants, so weights are either built by
+tinymodels.quantize_k (valid blocks from real-valued rows) or are random
+bytes (every byte pattern is a valid K-quant block except non-finite f16
+scales, which are replaced): both are read back with gguf.quants.dequantize,
+an implementation independent of ours.
+"""
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize  # noqa: E402
+
+from colibri_lab import _engine  # noqa: E402
+from tinymodels import quantize_k  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+KTYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+BLOCK_BYTES = {Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}
+SIMD = ["scalar", "avx2", "avx512"]
+
+
+def _need(simd):
+    if simd not in _engine.simd_available():
+        pytest.skip(f"CPU lacks {simd}")
+
+
+def _random_blocks(qtype, n_out, n_in, rng):
+    """Random bytes with finite, moderate f16 super-block scales."""
+    nb = n_in // 256
+    raw = rng.integers(0, 256, (n_out, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    scales = (rng.uniform(0.5, 2.0, (n_out, nb, 2)) * 1e-2).astype(np.float16).view(np.uint8).reshape(n_out, nb, 4)
+    if qtype == Q.Q6_K:
+        raw[:, :, 208:210] = scales[:, :, :2]
+    else:
+        raw[:, :, 0:4] = scales
+    return raw.reshape(n_out, -1)
+
+
+def _weights(qtype, n_out, n_in, rng, kind):
+    if kind == "quantized":
+        w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        w += (np.arange(n_out) % 3)[:, None].astype(np.float32) * 0.3  # nonzero means: exercises the mins
+        raw = quantize_k(w, qtype)
+    else:
+        raw = _random_blocks(qtype, n_out, n_in, rng)
+    deq = dequantize(raw, qtype).astype(np.float64).reshape(n_out, n_in)
+    return np.ascontiguousarray(raw).reshape(-1), deq
+
+
+def _rel(y, ref):
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def test_type_table():
+    for t in KTYPES:
+        assert _engine.type_size(int(t), 512) == 2 * BLOCK_BYTES[t]
+        assert _engine.type_name(int(t)).lower() == t.name.lower()
+    assert _engine.type_size(int(Q.Q4_K), 300) == 0   # not a multiple of 256
+
+
+@pytest.mark.parametrize("simd", SIMD)
+@pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("kind", ["quantized", "random"])
+@pytest.mark.parametrize("n_out,n_in,n_rows", [(40, 256, 1), (37, 1024, 5), (8, 512, 9)])
+def test_matmul_matches_dequantize(simd, qtype, kind, n_out, n_in, n_rows):
+    _need(simd)
+    rng = np.random.default_rng(n_out * 1000 + n_in + int(qtype) + (7 if kind == "random" else 0))
+    raw, wd = _weights(qtype, n_out, n_in, rng, kind)
+    x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+    y = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, simd, 1)
+    ref = x.astype(np.float64) @ wd.T
+    # activations are rounded to 8 bits per 32 values (like Q8_0, 2e-2 in test_kernels)
+    assert _rel(y, ref) <= 2e-2
+
+
+@pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
+def test_activation_rounding_is_the_only_error(qtype):
+    """With activations that are exactly representable in int8 blocks
+    (integers, block max 127) the kernel equals the float product to float
+    rounding — so the weight decoding itself is exact."""
+    rng = np.random.default_rng(11)
+    n_out, n_in = 16, 512
+    raw, wd = _weights(qtype, n_out, n_in, rng, "random")
+    x = rng.integers(-127, 128, (3, n_in)).astype(np.float32)
+    x[:, ::32] = 127.0  # every block's max is 127 -> scale exactly 1
+    for simd in _engine.simd_available():
+        y = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, simd, 1)
+        ref = x.astype(np.float64) @ wd.T
+        assert np.max(np.abs(y - ref)) <= 1e-5 * np.max(np.abs(ref)), simd
+
+
+@pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
+def test_simd_levels_bit_identical(qtype):
+    """All levels do the same integer sums and the same float steps."""
+    rng = np.random.default_rng(5)
+    raw, _ = _weights(qtype, 24, 768, rng, "quantized")
+    x = rng.standard_normal((6, 768)).astype(np.float32)
+    ys = {s: _engine.kernel_matmul(int(qtype), raw, 24, 768, x, s, 1) for s in _engine.simd_available()}
+    for s, y in ys.items():
+        assert np.array_equal(y.view(np.uint32), ys["scalar"].view(np.uint32)), s
+
+
+@pytest.mark.parametrize("simd", SIMD)
+@pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
+def test_batch_and_threads_bit_identical(simd, qtype):
+    _need(simd)
+    rng = np.random.default_rng(9)
+    n_out, n_in, n_rows = 70, 512, 7
+    raw, _ = _weights(qtype, n_out, n_in, rng, "quantized")
+    x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+    alone = np.stack([_engine.kernel_matmul(int(qtype), raw, n_out, n_in, x[r:r + 1], simd, 1)[0]
+                      for r in range(n_rows)])
+    for n_threads in (1, 2, 3):
+        y = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, simd, n_threads)
+        assert np.array_equal(y.view(np.uint32), alone.view(np.uint32)), n_threads
+
+
+def test_wrong_nibble_order_would_fail():
+    """The dequantize comparison can fail: swapping the two nibble halves of
+    Q4_K's packed quants moves the product far beyond the tolerance."""
+    rng = np.random.default_rng(2)
+    raw, wd = _weights(Q.Q4_K, 8, 256, rng, "quantized")
+    bad = raw.reshape(8, 144).copy()
+    qs = bad[:, 16:]
+    bad[:, 16:] = ((qs & 0x0F) << 4) | (qs >> 4)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    y = _engine.kernel_matmul(int(Q.Q4_K), bad.reshape(-1), 8, 256, x, "scalar", 1)
+    assert _rel(y, x.astype(np.float64) @ wd.T) > 0.2
