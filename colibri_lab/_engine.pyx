@@ -166,7 +166,12 @@ cdef extern from "colibri.h" nogil:
         int64_t step
         int rows_decode, rows_prefill, n_running
         double step_ms, matmul_ms, attention_ms, lm_head_ms, sampling_ms, grammar_ms, draft_ms, other_ms
+        int64_t experts_unique, experts_routed
     void cb_engine_last_step(const cb_engine *engine, cb_step_stats *stats)
+    void cb_model_moe_info(const cb_model *model, int *n_expert, int *n_expert_used, int *n_ff_exp)
+    int cb_engine_expert_counts(const cb_engine *engine, int64_t *out, int64_t cap)
+    int cb_engine_route_trace(cb_engine *engine, const char *path, char *err, size_t err_len)
+    int cb_engine_tokenize_bytes(const cb_engine *engine, const uint8_t *bytes, size_t n, int32_t *out, int cap)
     int cb_engine_slot_info(const cb_engine *engine, int slot, int *n_past, int *busy)
     int cb_engine_slot_tokens(const cb_engine *engine, int slot, int32_t *out, int cap)
     int cb_engine_slot_clear(cb_engine *engine, int slot)
@@ -306,6 +311,7 @@ cdef class Model:
         """Hyperparameters as a dict (cb_model_info)."""
         self._check()
         cdef cb_model_info i
+        cdef int ne, nu, nf
         if self._info is None:
             cb_model_get_info(self.ptr, &i)
             self._info = dict(
@@ -315,6 +321,8 @@ cdef class Model:
                 rope_freq_base=i.rope_freq_base, rope_freq_scale=i.rope_freq_scale, norm_eps=i.norm_eps,
                 tied_output=bool(i.tied_output), bos_id=i.bos_id, eos_id=i.eos_id, add_bos=bool(i.add_bos),
                 n_params=i.n_params, weight_bytes=i.weight_bytes, file_type=i.file_type)
+            cb_model_moe_info(self.ptr, &ne, &nu, &nf)
+            self._info.update(n_expert=ne, n_expert_used=nu, n_ff_exp=nf)
         return dict(self._info)
 
     @property
@@ -754,7 +762,20 @@ cdef class Engine:
         return dict(step=s.step, rows_decode=s.rows_decode, rows_prefill=s.rows_prefill, n_running=s.n_running,
                     step_ms=s.step_ms, matmul_ms=s.matmul_ms, attention_ms=s.attention_ms,
                     lm_head_ms=s.lm_head_ms, sampling_ms=s.sampling_ms, grammar_ms=s.grammar_ms,
-                    draft_ms=s.draft_ms, other_ms=s.other_ms)
+                    draft_ms=s.draft_ms, other_ms=s.other_ms,
+                    experts_unique=s.experts_unique, experts_routed=s.experts_routed)
+
+    def tokenize_bytes(self, data):
+        """Token ids of raw bytes by the C byte-level BPE (no special tokens)."""
+        self._check()
+        cdef bytes b = bytes(data)
+        cdef int cap = len(b) + 1
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] out = np.zeros(cap, dtype=np.int32)
+        cdef int n = cb_engine_tokenize_bytes(self.ptr, b, len(b), <int32_t *>cnp.PyArray_DATA(out), cap)
+        if n < 0:
+            _raise(n, "the vocabulary is not byte-level BPE, or has no token for a byte of the input"
+                   if n == CB_ERR_UNSUPPORTED else "tokenize failed")
+        return out[:n].tolist()
 
     def spec_stats(self):
         """Per draft source: counts, acceptance by position and the adaptive policy's decision."""
@@ -814,3 +835,28 @@ cdef class Engine:
         if rc != CB_OK:
             _raise(rc, _err_str(err))
         return out
+
+    # ---- BEGIN experts API (issue 8)
+    def expert_counts(self):
+        """Rows routed to each (layer, expert) over the engine's life: int64 [n_layer, n_expert]
+        (shape [n_layer, 0] for a dense model)."""
+        self._check()
+        info = self.model.info
+        n_layer, n_expert = info["n_layer"], info["n_expert"]
+        cdef cnp.ndarray[cnp.int64_t, ndim=1] out = np.zeros(max(1, n_layer * n_expert), dtype=np.int64)
+        cdef int rc = cb_engine_expert_counts(self.ptr, <int64_t *>cnp.PyArray_DATA(out), n_layer * n_expert)
+        if rc < 0:
+            _raise(rc, "expert_counts failed")
+        return out[:n_layer * n_expert].reshape(n_layer, n_expert)
+
+    def route_trace(self, path):
+        """Append every routing decision (step,forward,row,slot,pos,layer,rank,expert,weight) to a CSV
+        file at `path`; None stops tracing."""
+        self._check()
+        cdef bytes bp = (str(path) if path is not None else "").encode()
+        cdef char err[ERR_LEN]
+        err[0] = 0
+        cdef int rc = cb_engine_route_trace(self.ptr, bp, err, ERR_LEN)
+        if rc != CB_OK:
+            _raise(rc, _err_str(err))
+    # ---- END experts API

@@ -365,6 +365,13 @@ int cb_engine_step(cb_engine *engine, cb_event *events, int max_events);
 /* Requests not yet finished (queued + running). */
 int cb_engine_pending(const cb_engine *engine);
 
+/* Tokenize raw bytes with the engine's canonical byte-level BPE: the ids the
+ * model's tokenizer gives for that text, without special-token parsing (the
+ * tokenization grammar-forced drafts use).  Returns the count, which may
+ * exceed cap (call again with more room), or a negative status
+ * (CB_ERR_UNSUPPORTED when the vocabulary is not byte-level BPE). */
+int cb_engine_tokenize_bytes(const cb_engine *engine, const uint8_t *bytes, size_t n, int32_t *out, int cap);
+
 /* Per-step profile of the last step. */
 typedef struct {
     int64_t step;

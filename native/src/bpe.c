@@ -380,8 +380,38 @@ size_t cb_bpe_scratch_size(size_t n) {
     return n * (3 * sizeof(uint64_t) + 3 * sizeof(int32_t) + 2) + 16;
 }
 
+/* 1 if s[0..n) is all whitespace and ends with \r or \n (a `\s*[\r\n]+` match). */
+static int ws_newline(const cb_bpe *b, const uint8_t *s, size_t n) {
+    if (n == 0 || (s[n - 1] != '\r' && s[n - 1] != '\n')) return 0;
+    return run_of(b, s, 0, n, CB_UNI_S) == n;
+}
+
+/* Bytes at the end of s[0..n) that are a valid but incomplete UTF-8
+ * sequence (0 if none): more input may complete them into any character. */
+static size_t incomplete_tail(const uint8_t *s, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        uint8_t c = s[n - k];
+        if ((c & 0xC0) == 0x80) continue;  /* continuation: look further back */
+        size_t need = (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        if (need <= k) return 0;  /* ASCII, invalid lead, or complete */
+        if (k >= 2) {  /* the second byte's range depends on the lead */
+            uint8_t c1 = s[n - k + 1];
+            uint8_t lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+            if (c1 < lo || c1 > hi) return 0;
+        }
+        return k;
+    }
+    return 0;
+}
+
 int cb_bpe_tokenize(const cb_bpe *b, const uint8_t *s, size_t n, int32_t *out, int cap,
                     void *scratch, size_t scratch_size) {
+    return cb_bpe_tokenize_ex(b, s, n, out, cap, scratch, scratch_size, NULL);
+}
+
+int cb_bpe_tokenize_ex(const cb_bpe *b, const uint8_t *s, size_t n, int32_t *out, int cap,
+                       void *scratch, size_t scratch_size, int *n_stable) {
+    if (n_stable) *n_stable = 0;
     if (!b || (n && !s) || cap < 0 || (cap > 0 && !out) || n > MAX_INPUT) return CB_ERR_ARG;
     if (n == 0) return 0;
     if (!scratch || scratch_size < cb_bpe_scratch_size(n)) return CB_ERR_ARG;
@@ -399,6 +429,9 @@ int cb_bpe_tokenize(const cb_bpe *b, const uint8_t *s, size_t n, int32_t *out, i
     w.prev = w.next + n;
     w.text = (uint8_t *)(w.prev + n);
     int count = 0;
+    /* for n_stable: where the last two pre-tokens start (bytes and ids) */
+    size_t last_p = 0, prev_p = 0;
+    int last_count = 0, prev_count = 0;
     size_t p = 0;
     while (p < n) {
         size_t e = n;  /* end of the segment the regex sees */
@@ -407,6 +440,7 @@ int cb_bpe_tokenize(const cb_bpe *b, const uint8_t *s, size_t n, int32_t *out, i
              * runs on the text between them separately (its lookahead stops there) */
             uchar u = get_char(b, s, p, n);
             if (u.cls & CB_UNI_D) {
+                prev_p = last_p; prev_count = last_count; last_p = p; last_count = count;
                 bpe_word(b, &w, s + p, (size_t)u.len, out, cap, &count);
                 p += (size_t)u.len;
                 continue;
@@ -422,9 +456,27 @@ int cb_bpe_tokenize(const cb_bpe *b, const uint8_t *s, size_t n, int32_t *out, i
             size_t q = b->pre == PRE_LLAMA3 ? match_llama3(b, s, p, e, 3)
                      : b->pre == PRE_QWEN2  ? match_llama3(b, s, p, e, 1)
                                             : match_gpt2(b, s, p, e);
+            prev_p = last_p; prev_count = last_count; last_p = p; last_count = count;
             bpe_word(b, &w, s + p, q - p, out, cap, &count);
             p = q;
         }
+    }
+    if (n_stable && incomplete_tail(s, n)) {
+        /* a cut character may complete into a letter and join the pre-token
+         * before it: what is stable is what is stable without it (the same
+         * leading ids, by the argument below) */
+        int rc = cb_bpe_tokenize_ex(b, s, n - incomplete_tail(s, n), NULL, 0, scratch, scratch_size, n_stable);
+        if (rc < 0) *n_stable = 0;
+    } else if (n_stable) {
+        /* Every match but the last ended where the regex decided on characters
+         * inside the input (a run stopped at a char of another class, a
+         * lookahead saw whitespace), so more text cannot change it.  Exception,
+         * llama3/qwen2 only: `\s*[\r\n]+` followed by trailing whitespace
+         * ("\n  ") — another "\n" would join all of it into one match. */
+        *n_stable = last_count;
+        if ((b->pre == PRE_LLAMA3 || b->pre == PRE_QWEN2) && last_p > prev_p &&
+            run_of(b, s, last_p, n, CB_UNI_S) == n && ws_newline(b, s + prev_p, last_p - prev_p))
+            *n_stable = prev_count;
     }
     return count;
 }

@@ -69,6 +69,14 @@ size_t cb_bpe_scratch_size(size_t n);
 int  cb_bpe_tokenize(const cb_bpe *bpe, const uint8_t *bytes, size_t n, int32_t *out, int cap,
                      void *scratch, size_t scratch_size);
 
+/* cb_bpe_tokenize, and *n_stable (if not NULL): how many leading ids stay the
+ * same whatever bytes are appended to the input — all but those of the last
+ * pre-token (for llama3/qwen2 sometimes the last two: "\n" then "  ").  A
+ * grammar-forced draft should keep only those: the rest may tokenize
+ * differently once the text goes on (" wor" -> " w","or" but " world" is one). */
+int  cb_bpe_tokenize_ex(const cb_bpe *bpe, const uint8_t *bytes, size_t n, int32_t *out, int cap,
+                        void *scratch, size_t scratch_size, int *n_stable);
+
 /* Test/binding convenience: cb_bpe_tokenize with scratch malloc'd and freed
  * inside (CB_ERR_NOMEM if that fails).  Not for hot paths. */
 int  cb_bpe_tokenize_alloc(const cb_bpe *bpe, const uint8_t *bytes, size_t n, int32_t *out, int cap);

@@ -641,16 +641,17 @@ static int sample_row(cb_engine *e, int idx, int lr) {
 /* ------------------------------------------------------------- drafting */
 
 /* Grammar-forced draft: the bytes the grammar forces next, tokenized as the
- * tokenizer would.  Only tokens whose bytes lie wholly inside the forced span
- * are kept (the last may be cut differently once more text follows). */
+ * tokenizer would.  Only the leading tokens that no following text can change
+ * are kept (" wor" tokenizes as " w" "or" but " world" is one token). */
 static int grammar_draft(cb_engine *e, cb_request *r, int k, int32_t *out) {
     uint8_t buf[CB_FORCED_MAX];
     int nb = cb_matcher_forced_bytes(r->matcher, buf, CB_FORCED_MAX);
     if (nb <= 0) return 0;
     int32_t ids[CB_FORCED_MAX];
-    int n = cb_bpe_tokenize(e->bpe, buf, (size_t)nb, ids, CB_FORCED_MAX, e->bpe_scratch, e->bpe_scratch_size);
+    int stable = 0;
+    int n = cb_bpe_tokenize_ex(e->bpe, buf, (size_t)nb, ids, CB_FORCED_MAX, e->bpe_scratch, e->bpe_scratch_size, &stable);
     if (n <= 0 || n > CB_FORCED_MAX) return 0;
-    if (n > 1) n--;  /* the span's last token may merge with what comes after */
+    n = stable;  /* only tokens no following text could re-merge */
     if (n > k) n = k;
     memcpy(out, ids, (size_t)n * sizeof(int32_t));
     return n;
@@ -766,6 +767,7 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     double t0 = now_ms();
     cb_ctx *c = &e->ctx;
     double m0 = c->t_matmul, a0 = c->t_attention, h0 = c->t_lm_head;
+    const int64_t xu0 = c->n_expert_runs, xr0 = c->n_expert_routed;  /* MoE step stats */
     e->step_grammar_ms = 0;
 
     /* 1. cancellations */
@@ -827,6 +829,7 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     /* 4. forward */
     if (n > 0) {
         cb_batch b = { n, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
+        c->trace_step = e->n_steps;
         cb_forward(c, &b);
     }
     /* slots now hold KV for the rows just computed */
@@ -898,10 +901,29 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     S->grammar_ms = e->step_grammar_ms;
     S->draft_ms = e->step_draft_ms;
     S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms;
+    S->experts_unique = c->n_expert_runs - xu0;
+    S->experts_routed = c->n_expert_routed - xr0;
     return drained + drain(e, events, max_events);
 }
 
 void cb_engine_last_step(const cb_engine *e, cb_step_stats *s) { *s = e->last; }
+
+int cb_engine_expert_counts(const cb_engine *e, int64_t *out, int64_t cap) {
+    if (!e) return CB_ERR_ARG;
+    return cb_ctx_expert_counts(&e->ctx, out, cap);
+}
+
+int cb_engine_route_trace(cb_engine *e, const char *path, char *err, size_t err_len) {
+    if (err && err_len) err[0] = 0;
+    if (!e) return CB_ERR_ARG;
+    return cb_ctx_route_trace(&e->ctx, path, err, err_len);
+}
+
+int cb_engine_tokenize_bytes(const cb_engine *e, const uint8_t *bytes, size_t n, int32_t *out, int cap) {
+    if (!e || (n > 0 && !bytes) || cap < 0 || (cap > 0 && !out)) return CB_ERR_ARG;
+    if (!e->bpe) return CB_ERR_UNSUPPORTED;
+    return cb_bpe_tokenize_alloc(e->bpe, bytes, n, out, cap);
+}
 
 /* ---------------------------------------------------------------- slots */
 

@@ -501,5 +501,6 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         c->t_lm_head += now_ms() - th;
     }
     c->n_forward++;
+    if (c->trace) fflush(c->trace);  /* readable while the engine runs */
     c->t_other += (now_ms() - t0) - (c->t_matmul - tm0) - (c->t_attention - ta0) - (c->t_lm_head - th0);
 }

@@ -7,6 +7,7 @@
  */
 #include "colibri.h"
 #include "kernels.h"
+#include "kquants.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -72,6 +73,7 @@ int cb_type_block(int type) {
     switch (type) {
     case CB_TYPE_F32: case CB_TYPE_F16: case CB_TYPE_BF16: return 1;
     case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q8_0: return CB_QK;
+    case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: case CB_TYPE_Q6_K: return CB_QK_K;
     default: return 0;
     }
 }
@@ -84,7 +86,7 @@ size_t cb_type_block_bytes(int type) {
     case CB_TYPE_Q4_0: return sizeof(cb_block_q4_0);
     case CB_TYPE_Q4_1: return sizeof(cb_block_q4_1);
     case CB_TYPE_Q8_0: return sizeof(cb_block_q8_0);
-    default: return 0;
+    default: return cb_kq_block_bytes(type);
     }
 }
 
@@ -107,12 +109,12 @@ const char *cb_type_name(int type) {
     case CB_TYPE_Q4_0: return "q4_0";
     case CB_TYPE_Q4_1: return "q4_1";
     case CB_TYPE_Q8_0: return "q8_0";
-    default: return "unknown";
+    default: return cb_kq_type_name(type) ? cb_kq_type_name(type) : "unknown";
     }
 }
 
 static int type_is_quantized(int type) {
-    return type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q8_0;
+    return type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q8_0 || cb_kq_is_kquant(type);
 }
 
 /* -------------------------------------------------------------- SIMD */
@@ -194,15 +196,18 @@ size_t cb_matmul_scratch(int64_t n_in, int n_rows) {
 
 typedef struct {
     const cb_kernels *k;      /* SIMD level */
-    const cb_weight  *w;      /* weights, n_out x n_in */
+    const cb_weight *const *w;/* n_w weights, each n_out x n_in (same n_in) */
+    float *const     *y;      /* n_w outputs, y[i] is [n_rows][w[i]->n_out] */
+    int               n_w;    /* weights in this run, <= CB_MATMUL_MULTI_MAX */
     const float      *x;      /* activations [n_rows][n_in] */
+    int64_t           n_in;   /* shared row length */
     int               n_rows; /* activation rows */
-    float            *y;      /* output [n_rows][n_out] */
     cb_block_q8      *xq;     /* shared quantized activations (NULL: none or local) */
+    int               quant;  /* 1: some weight is quantized (needs xq) */
     int               local_q;/* 1: each thread quantizes into its own stack buffer */
-    int64_t           chunk;  /* output rows per work item (multiple of CB_CHUNK_ALIGN or n_out) */
-    int64_t           n_chunks;
-    atomic_llong      next;   /* next chunk index to hand out */
+    int64_t           chunk[CB_MATMUL_MULTI_MAX];   /* output rows per work item of weight i */
+    int64_t           first[CB_MATMUL_MULTI_MAX + 1];/* work items before weight i (prefix sums) */
+    atomic_llong      next;   /* next work item to hand out, over all weights */
 } mm_ctx;
 
 static void quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q,
@@ -216,61 +221,82 @@ static void mm_quantize_task(void *arg, int ith, int nth) {
     const int per = (c->n_rows + nth - 1) / nth;
     const int r0 = ith * per;
     const int r1 = r0 + per < c->n_rows ? r0 + per : c->n_rows;
-    if (r0 < r1) quantize_rows(c->k, c->x, c->xq, c->w->n_in, r0, r1);
+    if (r0 < r1) quantize_rows(c->k, c->x, c->xq, c->n_in, r0, r1);
 }
 
 static void mm_compute_task(void *arg, int ith, int nth) {
     mm_ctx *c = arg;
-    const cb_weight *w = c->w;
     const cb_block_q8 *xq = c->xq;
     _Alignas(64) cb_block_q8 local[CB_LOCAL_Q8_BYTES / sizeof(cb_block_q8)];
     if (c->local_q) {
-        quantize_rows(c->k, c->x, local, w->n_in, 0, c->n_rows);
+        quantize_rows(c->k, c->x, local, c->n_in, 0, c->n_rows);
         xq = local;
     }
+    const int64_t total = c->first[c->n_w];
+    int wi = 0;
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (i >= c->n_chunks) break;
-        const int64_t o0 = i * c->chunk;
-        const int64_t o1 = o0 + c->chunk < w->n_out ? o0 + c->chunk : w->n_out;
-        c->k->matmul_rows(w, xq, c->x, c->n_rows, c->y, w->n_out, o0, o1);
+        if (i >= total) break;
+        while (i >= c->first[wi + 1]) wi++;  /* items are handed out in increasing order */
+        const cb_weight *w = c->w[wi];
+        const int64_t o0 = (i - c->first[wi]) * c->chunk[wi];
+        const int64_t o1 = o0 + c->chunk[wi] < w->n_out ? o0 + c->chunk[wi] : w->n_out;
+        c->k->matmul_rows(w, xq, c->x, c->n_rows, c->y[wi], w->n_out, o0, o1);
     }
+}
+
+/* Rows per work item for one weight: ~4 chunks per thread so a slow thread
+ * is covered by the others, but never below CB_CHUNK_ALIGN rows (cache
+ * lines) nor a work item so small that the atomic dominates (~32 rows of a
+ * 576-wide matrix for decode). */
+static int64_t mm_chunk(int64_t n_out, int n_rows, int nth) {
+    if (nth <= 1) return n_out;
+    const int64_t min_chunk = n_rows >= 16 ? CB_CHUNK_ALIGN : 32;
+    int64_t chunk = (n_out + 4 * nth - 1) / (4 * nth);
+    if (chunk < min_chunk) chunk = min_chunk;
+    return (chunk + CB_CHUNK_ALIGN - 1) / CB_CHUNK_ALIGN * CB_CHUNK_ALIGN;
+}
+
+void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
+                     const float *x, int n_rows, float *const *y, void *scratch) {
+    if (n_rows <= 0 || n_w <= 0) return;
+    if (n_w > CB_MATMUL_MULTI_MAX) {  /* more than one run's worth: split */
+        cb_matmul_multi(pool, k, w, CB_MATMUL_MULTI_MAX, x, n_rows, y, scratch);
+        cb_matmul_multi(pool, k, w + CB_MATMUL_MULTI_MAX, n_w - CB_MATMUL_MULTI_MAX, x, n_rows,
+                        y + CB_MATMUL_MULTI_MAX, scratch);
+        return;
+    }
+    const int nth = pool ? cb_pool_size(pool) : 1;
+    mm_ctx c;
+    c.k = k; c.w = w; c.y = y; c.n_w = n_w; c.x = x; c.n_in = w[0]->n_in; c.n_rows = n_rows;
+    c.xq = NULL; c.local_q = 0; c.quant = 0;
+    c.first[0] = 0;
+    for (int i = 0; i < n_w; i++) {
+        if (type_is_quantized(w[i]->type)) c.quant = 1;
+        c.chunk[i] = mm_chunk(w[i]->n_out, n_rows, nth);
+        c.first[i + 1] = c.first[i] + (w[i]->n_out > 0 ? (w[i]->n_out + c.chunk[i] - 1) / c.chunk[i] : 0);
+    }
+    if (c.first[n_w] == 0) return;
+    const size_t qbytes = (size_t)n_rows * (size_t)(c.n_in / CB_QK) * sizeof(cb_block_q8);
+    if (c.quant) {
+        if (nth > 1 && qbytes <= CB_LOCAL_Q8_BYTES) c.local_q = 1;
+        else c.xq = scratch;
+    }
+    atomic_init(&c.next, 0);
+
+    if (nth == 1) {
+        if (c.quant) quantize_rows(k, x, c.xq, c.n_in, 0, n_rows);
+        for (int i = 0; i < n_w; i++)
+            if (w[i]->n_out > 0) k->matmul_rows(w[i], c.xq, x, n_rows, y[i], w[i]->n_out, 0, w[i]->n_out);
+        return;
+    }
+    if (c.quant && !c.local_q) cb_pool_run(pool, mm_quantize_task, &c);
+    cb_pool_run(pool, mm_compute_task, &c);
 }
 
 void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
                const float *x, int n_rows, float *y, void *scratch) {
-    if (n_rows <= 0 || w->n_out <= 0) return;
-    const int nth = pool ? cb_pool_size(pool) : 1;
-    const int quant = type_is_quantized(w->type);
-    mm_ctx c;
-    c.k = k; c.w = w; c.x = x; c.n_rows = n_rows; c.y = y;
-    c.xq = NULL; c.local_q = 0;
-    const size_t qbytes = (size_t)n_rows * (size_t)(w->n_in / CB_QK) * sizeof(cb_block_q8);
-    if (quant) {
-        if (nth > 1 && qbytes <= CB_LOCAL_Q8_BYTES) c.local_q = 1;
-        else c.xq = scratch;
-    }
-    /* ~4 chunks per thread so a slow thread is covered by the others, but
-     * never below CB_CHUNK_ALIGN rows (cache lines) nor a work item so small
-     * that the atomic dominates (~64 rows of a 576-wide matrix for decode). */
-    int64_t chunk = w->n_out;
-    if (nth > 1) {
-        int64_t min_chunk = n_rows >= 16 ? CB_CHUNK_ALIGN : 32;
-        chunk = (w->n_out + 4 * nth - 1) / (4 * nth);
-        if (chunk < min_chunk) chunk = min_chunk;
-        chunk = (chunk + CB_CHUNK_ALIGN - 1) / CB_CHUNK_ALIGN * CB_CHUNK_ALIGN;
-    }
-    c.chunk = chunk;
-    c.n_chunks = (w->n_out + chunk - 1) / chunk;
-    atomic_init(&c.next, 0);
-
-    if (nth == 1) {
-        if (quant) quantize_rows(k, x, c.xq, w->n_in, 0, n_rows);
-        k->matmul_rows(w, c.xq, x, n_rows, y, w->n_out, 0, w->n_out);
-        return;
-    }
-    if (quant && !c.local_q) cb_pool_run(pool, mm_quantize_task, &c);
-    cb_pool_run(pool, mm_compute_task, &c);
+    cb_matmul_multi(pool, k, &w, 1, x, n_rows, &y, scratch);
 }
 
 /* ------------------------------------------------------- row dequantize */
@@ -322,6 +348,7 @@ void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out) {
         }
         break;
     default:
+        if (cb_kq_is_kquant(w->type)) { cb_kq_row_f32(w->type, p, n, out); break; }
         memset(out, 0, (size_t)n * sizeof(float));
         break;
     }

@@ -99,6 +99,19 @@ size_t cb_matmul_scratch(int64_t n_in, int n_rows);
 void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
                const float *x, int n_rows, float *y, void *scratch);
 
+/* Up to this many weights share one cb_matmul_multi pool run (more are split). */
+#define CB_MATMUL_MULTI_MAX 8
+
+/* y[i][n_rows][w[i]->n_out] = x[n_rows][n_in] * w[i]^T for i < n_w, as ONE
+ * pool run with one activation quantization shared by every weight (e.g.
+ * Q, K and V; or FFN gate and up).  Every w[i] must have the same n_in.
+ * Each y[i] is bit-identical to cb_matmul(w[i]) (same kernels, same
+ * per-(row, output) order); only the synchronisation is saved: decode issues
+ * a pool run per matmul, and at 2 threads each costs a few microseconds.
+ * scratch: cb_matmul_scratch(n_in, n_rows) bytes.  Allocates nothing. */
+void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
+                     const float *x, int n_rows, float *const *y, void *scratch);
+
 /* Dequantize row `row` of w into out[n_in] (embedding lookup; reference path). */
 void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out);
 

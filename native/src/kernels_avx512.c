@@ -16,9 +16,8 @@
  * Integer sums are exact, so the only roundings are the float steps, which
  * happen per (activation row r, output o) in this fixed order:
  *   for each block b:  acc[lane] = fma(float(isum[lane]) * dx_b, dw_b, acc[lane])
- *   (Q4_1, per super-chunk of KB blocks) acc += fold(sum_b mw_b * s_b) in 16
- *   lanes by block index mod 16, folded to 8 lanes (lo + hi),
- *   y = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+ *   (Q4_1) m[b % 4] = fma(mw_b, s_b, m[b % 4]) in block order,
+ *   y = (((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))) + ((m0 + m2) + (m1 + m3)).
  * A tile of R rows x 4 outputs shares the weight unpacking across rows and the
  * activation loads across outputs, but does per (r, o) exactly the ops above,
  * so a result never depends on R, on the tile an output lands in, or on the
@@ -37,15 +36,28 @@
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INL  __attribute__((always_inline)) inline
 
-/* Blocks per super-chunk of precomputed weight scales (multiple of 16):
+/* Blocks per super-chunk of precomputed weight scales (multiple of 4):
  * bounds the stack buffer; n_in up to KB*32 = 8192 takes one super-chunk. */
 #define KB 256
 
-/* Float scales of the 4 outputs of a tile for one super-chunk. */
+/* Float scales of the 4 outputs of a tile for one super-chunk, block-major
+ * so that one 16-lane gather fills 4 blocks x 4 outputs (a row of 18 blocks,
+ * n_in = 576, takes 5 gathers per tile instead of 8 output-major). */
 typedef struct {
-    float dw[4][KB];  /* weight scale d of output j, block b */
-    float mw[4][KB];  /* Q4_1 min m of output j, block b */
+    float dw[KB][4];  /* weight scale d of block b, output j */
+    float mw[KB][4];  /* Q4_1 min m of block b, output j */
 } qscales;
+
+/* Activation side data precomputed once per matmul_rows call (per thread),
+ * so the inner loops load it instead of gathering or recomputing it:
+ *   XS_MAX  floats: Q4_1 s = d * sum(q) of each block, contiguous per row
+ *           (larger calls are split into row groups that fit);
+ *   XC_MAX  blocks: Q4_0 / Q8_0 offset corrections (-8 or -128 times the
+ *           4-byte partial sums of q, 8 int32 lanes), used when all rows fit
+ *           (decode and small batches); otherwise computed in the loop.
+ * Both are exact copies / integer results: bit-identical either way. */
+#define XS_MAX 4096
+#define XC_MAX 512
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -107,23 +119,41 @@ T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
 /* ------------------------------------------------------ quantized matmul */
 
 /* Gather the f16 scales (and Q4_1 mins) of blocks [b0, b0+nbk) of the 4
- * output rows wp[] into s; lanes past nbk are stored as 0. */
+ * output rows wp[] into s (block-major); lanes past nbk are stored as 0. */
 T512 static void load_scales(int type, const uint8_t *const wp[4], size_t bsz,
                              int64_t b0, int nbk, qscales *s) {
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)bsz));
-    for (int j = 0; j < 4; j++) {
-        const uint8_t *base = wp[j] + (size_t)b0 * bsz;
-        for (int c = 0; c < nbk; c += 16) {
-            /* 32 bits at each block start: d (and m for Q4_1); always inside
-             * the block since every block is at least 18 bytes. */
-            const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), tail_mask(nbk - c),
-                                                          idx, base + (size_t)c * bsz, 1);
-            _mm512_store_ps(&s->dw[j][c], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
-            if (type == CB_TYPE_Q4_1)
-                _mm512_store_ps(&s->mw[j][c], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))));
-        }
+    const uint8_t *base = wp[0] + (size_t)b0 * bsz;
+    const ptrdiff_t o1 = wp[1] - wp[0], o2 = wp[2] - wp[0], o3 = wp[3] - wp[0];
+    if (o3 < 0 || o3 > (ptrdiff_t)1 << 30) {
+        /* Offsets beyond the gather's int32 index (rows over 256 MiB): the
+         * same conversions one by one (vcvtph2ps is exact, as is this). */
+        for (int b = 0; b < ((nbk + 3) & ~3); b++)
+            for (int j = 0; j < 4; j++) {
+                uint16_t d = 0, m = 0;
+                if (b < nbk) {
+                    memcpy(&d, wp[j] + (size_t)(b0 + b) * bsz, 2);
+                    memcpy(&m, wp[j] + (size_t)(b0 + b) * bsz + 2, 2);
+                }
+                s->dw[b][j] = cb_f16_to_f32(d);
+                s->mw[b][j] = type == CB_TYPE_Q4_1 ? cb_f16_to_f32(m) : 0.0f;
+            }
+        return;
+    }
+    const int bs = (int)bsz;
+    __m512i idx = _mm512_add_epi32(
+        _mm512_setr_epi32(0, (int)o1, (int)o2, (int)o3, 0, (int)o1, (int)o2, (int)o3,
+                          0, (int)o1, (int)o2, (int)o3, 0, (int)o1, (int)o2, (int)o3),
+        _mm512_setr_epi32(0, 0, 0, 0, bs, bs, bs, bs, 2 * bs, 2 * bs, 2 * bs, 2 * bs,
+                          3 * bs, 3 * bs, 3 * bs, 3 * bs));
+    const __m512i step = _mm512_set1_epi32(4 * bs);
+    for (int c = 0; c < nbk; c += 4, idx = _mm512_add_epi32(idx, step)) {
+        /* 32 bits at each block start: d (and m for Q4_1); always inside
+         * the block since every block is at least 18 bytes. */
+        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), tail_mask(4 * (nbk - c)),
+                                                      idx, base, 1);
+        _mm512_store_ps(&s->dw[c][0], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+        if (type == CB_TYPE_Q4_1)
+            _mm512_store_ps(&s->mw[c][0], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))));
     }
 }
 
@@ -149,18 +179,21 @@ T512 static INL __m512i load_w2(int type, const uint8_t *a, const uint8_t *b) {
 /* One tile: R activation rows x 4 outputs (wp[0..3], duplicates allowed),
  * writing y[r][j] for j < no.  *cached remembers which super-chunk's scales
  * are in s (scales depend only on the outputs, so a tile column reuses them
- * across its row tiles when the row fits in one super-chunk). */
+ * across its row tiles when the row fits in one super-chunk).
+ * xs: Q4_1 block sums s of these rows, contiguous (row stride nb), or NULL
+ * to read them from xr; xc: Q4_0 / Q8_0 corrections (row stride nb) or NULL
+ * to compute them here. */
 T512 static INL void q_tile(const int type, const int R, const uint8_t *const wp[4], size_t bsz,
-                            int64_t nb, const cb_block_q8 *xr, qscales *s, int64_t *cached,
-                            float *y, int64_t ldy, int no) {
+                            int64_t nb, const cb_block_q8 *xr, const float *xs, const __m256i *xc,
+                            qscales *s, int64_t *cached, float *y, int64_t ldy, int no) {
     const __m512i zero = _mm512_setzero_si512();
     const __m512i kcorr = _mm512_set1_epi8(type == CB_TYPE_Q8_0 ? (char)0x80 : 8);
-    const __m512i idx_s = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)sizeof(cb_block_q8)));
-    __m512 acc[4][2];
+    const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[4][2], macc[4];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) { acc[r][0] = _mm512_setzero_ps(); acc[r][1] = _mm512_setzero_ps(); }
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = _mm512_setzero_ps(); acc[r][1] = _mm512_setzero_ps(); macc[r] = _mm512_setzero_ps();
+    }
 
     for (int64_t b0 = 0; b0 < nb; b0 += KB) {
         const int nbk = (int)(nb - b0 < KB ? nb - b0 : KB);
@@ -169,14 +202,17 @@ T512 static INL void q_tile(const int type, const int R, const uint8_t *const wp
             const size_t wo = (size_t)(b0 + b) * bsz;
             const __m512i W0 = load_w2(type, wp[0] + wo, wp[1] + wo);
             const __m512i W1 = load_w2(type, wp[2] + wo, wp[3] + wo);
-            const __m512 D0 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s->dw[0][b]), 0xFF00, _mm_set_ss(s->dw[1][b]));
-            const __m512 D1 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s->dw[2][b]), 0xFF00, _mm_set_ss(s->dw[3][b]));
+            const __m512 D0 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s->dw[b][0]), 0xFF00, _mm_set_ss(s->dw[b][1]));
+            const __m512 D1 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s->dw[b][2]), 0xFF00, _mm_set_ss(s->dw[b][3]));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const cb_block_q8 *xb = xr + (int64_t)r * nb + b0 + b;
                 const __m512i X = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->qs));
                 __m512i init = zero;
-                if (type != CB_TYPE_Q4_1) init = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, kcorr, X));
+                if (type != CB_TYPE_Q4_1) {
+                    if (xc) init = _mm512_broadcast_i64x4(_mm256_load_si256(xc + (int64_t)r * nb + b0 + b));
+                    else init = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, kcorr, X));
+                }
                 const __m512 dx = _mm512_set1_ps(xb->d);
                 const __m512 f0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, W0, X));
                 const __m512 f1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, W1, X));
@@ -185,36 +221,49 @@ T512 static INL void q_tile(const int type, const int R, const uint8_t *const wp
             }
         }
         if (type == CB_TYPE_Q4_1) {
+            /* min terms m_b * s_b, 4 blocks x 4 outputs per fma: lane
+             * 4*(b%4)+j accumulates output j over blocks b = 4k + (b%4). */
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                const cb_block_q8 *xs = xr + (int64_t)r * nb + b0;
-                __m512 m0 = _mm512_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
-                for (int c = 0; c < nbk; c += 16) {
-                    const __m512 sx = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), tail_mask(nbk - c),
-                                                               idx_s, &xs[c].s, 1);
-                    m0 = _mm512_fmadd_ps(_mm512_load_ps(&s->mw[0][c]), sx, m0);
-                    m1 = _mm512_fmadd_ps(_mm512_load_ps(&s->mw[1][c]), sx, m1);
-                    m2 = _mm512_fmadd_ps(_mm512_load_ps(&s->mw[2][c]), sx, m2);
-                    m3 = _mm512_fmadd_ps(_mm512_load_ps(&s->mw[3][c]), sx, m3);
+                const cb_block_q8 *xrow = xr + (int64_t)r * nb + b0;
+                for (int c = 0; c < nbk; c += 4) {
+                    const int n4 = nbk - c < 4 ? nbk - c : 4;
+                    __m128 s4;
+                    if (xs) {
+                        s4 = _mm_maskz_loadu_ps((__mmask8)((1u << n4) - 1u), xs + (int64_t)r * nb + b0 + c);
+                    } else {
+                        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        for (int i = 0; i < n4; i++) t[i] = xrow[c + i].s;
+                        s4 = _mm_loadu_ps(t);
+                    }
+                    const __m512 sx = _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(s4));
+                    macc[r] = _mm512_fmadd_ps(_mm512_load_ps(&s->mw[c][0]), sx, macc[r]);
                 }
-                acc[r][0] = _mm512_add_ps(acc[r][0], fold2(m0, m1));
-                acc[r][1] = _mm512_add_ps(acc[r][1], fold2(m2, m3));
             }
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         const __m512 h0 = hsum8x2(acc[r][0]), h1 = hsum8x2(acc[r][1]);
-        const float v[4] = {
+        float v[4] = {
             _mm512_cvtss_f32(h0), _mm_cvtss_f32(_mm512_extractf32x4_ps(h0, 2)),
             _mm512_cvtss_f32(h1), _mm_cvtss_f32(_mm512_extractf32x4_ps(h1, 2)),
         };
+        if (type == CB_TYPE_Q4_1) {
+            /* lanes j, 4+j, 8+j, 12+j -> output j: (l0 + l2) + (l1 + l3) by 128-bit lane */
+            const __m128 q0 = _mm512_castps512_ps128(macc[r]), q1 = _mm512_extractf32x4_ps(macc[r], 1);
+            const __m128 q2 = _mm512_extractf32x4_ps(macc[r], 2), q3 = _mm512_extractf32x4_ps(macc[r], 3);
+            float m[4];
+            _mm_storeu_ps(m, _mm_add_ps(_mm_add_ps(q0, q2), _mm_add_ps(q1, q3)));
+            for (int j = 0; j < 4; j++) v[j] += m[j];
+        }
         for (int j = 0; j < no; j++) y[r * ldy + j] = v[j];
     }
 }
 
-T512 static INL void matmul_q(const int type, const cb_weight *w, const cb_block_q8 *xq,
-                              int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+/* Output tiles of 4 over [o0, o1) for rows [r0, r1) of the call. */
+T512 static INL void q_rows(const int type, const cb_weight *w, const cb_block_q8 *xq, const float *xs,
+                            const __m256i *xc, int r0, int r1, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nb = w->n_in / CB_QK;
     const size_t bsz = cb_type_block_bytes(type);
     _Alignas(64) qscales s;
@@ -226,16 +275,53 @@ T512 static INL void matmul_q(const int type, const cb_weight *w, const cb_block
         for (int j = 0; j < 4; j++)
             wp[j] = (const uint8_t *)w->data + (size_t)(o + (j < no ? j : no - 1)) * w->row_bytes;
         int64_t cached = -1;
-        int r = 0;
-        for (; r + 4 <= n_rows; r += 4)
-            q_tile(type, 4, wp, bsz, nb, xq + (int64_t)r * nb, &s, &cached, y + r * ldy + o, ldy, no);
-        switch (n_rows - r) {
-        case 3: q_tile(type, 3, wp, bsz, nb, xq + (int64_t)r * nb, &s, &cached, y + r * ldy + o, ldy, no); break;
-        case 2: q_tile(type, 2, wp, bsz, nb, xq + (int64_t)r * nb, &s, &cached, y + r * ldy + o, ldy, no); break;
-        case 1: q_tile(type, 1, wp, bsz, nb, xq + (int64_t)r * nb, &s, &cached, y + r * ldy + o, ldy, no); break;
+        int r = r0;
+        for (; r + 4 <= r1; r += 4)
+            q_tile(type, 4, wp, bsz, nb, xq + (int64_t)r * nb, xs ? xs + (int64_t)(r - r0) * nb : NULL,
+                   xc ? xc + (int64_t)(r - r0) * nb : NULL, &s, &cached, y + r * ldy + o, ldy, no);
+        const float *xsr = xs ? xs + (int64_t)(r - r0) * nb : NULL;
+        const __m256i *xcr = xc ? xc + (int64_t)(r - r0) * nb : NULL;
+        switch (r1 - r) {
+        case 3: q_tile(type, 3, wp, bsz, nb, xq + (int64_t)r * nb, xsr, xcr, &s, &cached, y + r * ldy + o, ldy, no); break;
+        case 2: q_tile(type, 2, wp, bsz, nb, xq + (int64_t)r * nb, xsr, xcr, &s, &cached, y + r * ldy + o, ldy, no); break;
+        case 1: q_tile(type, 1, wp, bsz, nb, xq + (int64_t)r * nb, xsr, xcr, &s, &cached, y + r * ldy + o, ldy, no); break;
         default: break;
         }
     }
+}
+
+T512 static INL void matmul_q(const int type, const cb_weight *w, const cb_block_q8 *xq,
+                              int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t nb = w->n_in / CB_QK;
+    if (nb <= 0) return;
+    if (type == CB_TYPE_Q4_1) {
+        /* Row groups whose block sums fit XS_MAX (multiples of 4 rows, so
+         * the row tiles are the same as without groups when one suffices). */
+        _Alignas(64) float xs[XS_MAX];
+        int64_t g = XS_MAX / nb;
+        if (g >= 4) g &= ~(int64_t)3;
+        if (g < 1) {  /* a row longer than XS_MAX blocks: read s in the loop */
+            q_rows(type, w, xq, NULL, NULL, 0, n_rows, y, ldy, o0, o1);
+            return;
+        }
+        for (int r0 = 0; r0 < n_rows; r0 += (int)g) {
+            const int r1 = r0 + g < n_rows ? r0 + (int)g : n_rows;
+            for (int64_t i = 0; i < (int64_t)(r1 - r0) * nb; i++) xs[i] = xq[(int64_t)r0 * nb + i].s;
+            q_rows(type, w, xq, xs, NULL, r0, r1, y, ldy, o0, o1);
+        }
+        return;
+    }
+    if ((int64_t)n_rows * nb <= XC_MAX) {
+        _Alignas(64) __m256i xc[XC_MAX];
+        const __m256i k = _mm256_set1_epi8(type == CB_TYPE_Q8_0 ? (char)0x80 : 8);
+        for (int64_t i = 0; i < (int64_t)n_rows * nb; i++) {
+            const __m256i X = _mm256_loadu_si256((const __m256i *)xq[i].qs);
+            xc[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), k, X));
+        }
+        q_rows(type, w, xq, NULL, xc, 0, n_rows, y, ldy, o0, o1);
+        return;
+    }
+    q_rows(type, w, xq, NULL, NULL, 0, n_rows, y, ldy, o0, o1);
 }
 
 T512 static void matmul_q4_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,

@@ -451,6 +451,77 @@ static void test_fuzz(void) {
     }
 }
 
+/* n_stable: the first n_stable ids of s are the first ids of s + any tail. */
+static void test_stable(void) {
+    static const char *pres[] = { "gpt-2", "smollm", "llama-bpe", "qwen2" };
+    static const char *alpha[] = { " ", " ", "a", "b", "'", "s", "1", "2", "\n", "\n", "\r", "\t", "\xc3\xa9", "\xc3",
+                                   "\xa9", "\xe4", "\xb8", "\xad", "!", "S", "\xc2\xa0" };
+    const int na = (int)(sizeof alpha / sizeof alpha[0]);
+    for (int p = 0; p < 4; p++) {
+        vocab_bytes(-1);
+        /* merges that make a changed split show in the ids: "\n " before
+         * "  " ("\n  " + "\n"), "b\xc3" before "\xc3\xa9" ("b\xc3" + "\xa9") */
+        add_merge_s("\n", " "); add_merge_s("b", "\xc3");
+        add_merge_s(" ", "a"); add_merge_s("a", "b"); add_merge_s(" a", "b"); add_merge_s("'", "s");
+        add_merge_s(" ", " "); add_merge_s("\n", "\n"); add_merge_s("\xc3", "\xa9"); add_merge_s("1", "2");
+        add_merge_s("\xe4", "\xb8"); add_merge_s("\xe4\xb8", "\xad"); add_merge_s("  ", "\n");
+        cb_bpe *b = build(pres[p]);
+        if (!b) return;
+        int bad = 0, checked = 0;
+        static uint8_t scratch[1 << 16];
+        for (int t = 0; t < 3000 && !bad; t++) {
+            uint8_t s[128];
+            size_t n = 0, cut = 0;
+            int parts = 1 + (int)(rnd() % 10), tail = 1 + (int)(rnd() % 6);
+            for (int i = 0; i < parts + tail; i++) {
+                if (i == parts) cut = n;
+                const char *a = alpha[rnd() % (unsigned)na];
+                memcpy(s + n, a, strlen(a));
+                n += strlen(a);
+            }
+            int32_t ids1[128], ids2[128];
+            int st = -1;
+            int k1 = cb_bpe_tokenize_ex(b, s, cut, ids1, 128, scratch, sizeof scratch, &st);
+            int k2 = cb_bpe_tokenize(b, s, n, ids2, 128, scratch, sizeof scratch);
+            if (k1 < 0 || k2 < 0 || st < 0 || st > k1 || st > k2 || memcmp(ids1, ids2, (size_t)st * sizeof *ids1) != 0) {
+                bad = 1;
+                CHECK_MSG(0, "%s: n_stable %d of '%.*s' changes with tail '%.*s'", pres[p], st, (int)cut,
+                          (const char *)s, (int)(n - cut), (const char *)s + cut);
+            }
+            checked += st > 0;
+        }
+        CHECK_MSG(!bad && checked > 1000, "stable %s (%d nonzero)", pres[p], checked);
+        cb_bpe_free(b);
+    }
+    /* the last pre-token is not stable; everything before it is */
+    vocab_bytes(-1);
+    add_merge_s(" ", "w"); add_merge_s("o", "r"); add_merge_s("i", "\xc3");
+    cb_bpe *b = build("gpt-2");
+    if (!b) return;
+    uint8_t scratch[1024];
+    int32_t ids[16];
+    int st = -1;
+    CHECK(cb_bpe_tokenize_ex(b, (const uint8_t *)"hi wor", 6, ids, 16, scratch, sizeof scratch, &st) == 4);
+    CHECK(st == 2);  /* h, i */
+    CHECK(cb_bpe_tokenize_ex(b, (const uint8_t *)"hi \xc3", 4, ids, 16, scratch, sizeof scratch, &st) == 4);
+    CHECK(st == 2);  /* " \xc3" may become " é": not stable */
+    CHECK(cb_bpe_tokenize_ex(b, (const uint8_t *)"hi!\xc3", 4, ids, 16, scratch, sizeof scratch, &st) == 4);
+    CHECK(st == 2);  /* "!" + "é..." */
+    CHECK(cb_bpe_tokenize_ex(b, (const uint8_t *)"hi\xc3", 3, ids, 16, scratch, sizeof scratch, &st) == 3);
+    CHECK(st == 0);  /* "hi\xc3\xa9" is one word: h, i\xc3, \xa9 */
+    cb_bpe_free(b);
+    /* llama3: "\n" then trailing "  " are both unstable ("x\n  \n" is x, "\n  \n") */
+    vocab_bytes(-1);
+    add_merge_s("\n", " ");
+    b = build("llama-bpe");
+    if (!b) return;
+    CHECK(cb_bpe_tokenize_ex(b, (const uint8_t *)"x\n  ", 4, ids, 16, scratch, sizeof scratch, &st) == 4);
+    CHECK(st == 1);
+    CHECK(cb_bpe_tokenize_ex(b, (const uint8_t *)"x\n  \n", 5, ids, 16, scratch, sizeof scratch, &st) == 4);
+    CHECK(ids[1] != '\n');  /* "\n " merged: the split really changed */
+    cb_bpe_free(b);
+}
+
 /* Long pre-tokens (one 5000-byte word, 5000 spaces) stay linear enough and exact. */
 static void test_long(void) {
     vocab_bytes(-1);
@@ -476,6 +547,7 @@ int main(void) {
     test_args();
     test_random_merges();
     test_fuzz();
+    test_stable();
     test_long();
     return cb_test_report("test_bpe");
 }

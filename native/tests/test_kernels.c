@@ -400,5 +400,19 @@ int main(void) {
         const cb_kernels *k = cb_kernels_get(s);
         if (k) { test_matmul_shape(k, CB_TYPE_Q4_1, 6, 32 * 300, 5); test_matmul_shape(k, CB_TYPE_Q8_0, 5, 32 * 270, 2); }
     }
+    /* AVX-512 per-call activation side data: Q4_0 / Q8_0 corrections are
+     * precomputed only while n_rows * blocks <= 512 (12 x 48 is past it, so
+     * larger prefixes compute them in the loop); Q4_1 block sums go in row
+     * groups of 84 rows at 48 blocks (90 rows: two groups); a row of more
+     * than 4096 blocks reads them in the loop.  Every path must give the
+     * single-row bits. */
+    for (int s = CB_SIMD_SCALAR; s <= CB_SIMD_AVX512; s++) {
+        const cb_kernels *k = cb_kernels_get(s);
+        if (!k) continue;
+        test_matmul_shape(k, CB_TYPE_Q8_0, 6, 1536, 12);
+        test_matmul_shape(k, CB_TYPE_Q4_0, 6, 1536, 12);
+        test_matmul_shape(k, CB_TYPE_Q4_1, 5, 1536, 90);
+        test_matmul_shape(k, CB_TYPE_Q4_1, 3, 32 * 4100, 2);
+    }
     return cb_test_report("test_kernels");
 }
