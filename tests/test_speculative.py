@@ -106,11 +106,19 @@ def test_greedy_output_identical_for_every_source(smol):
 
 @pytest.mark.smollm2
 def test_prompt_lookup_accepts_on_copy_heavy_prompt(smol):
-    model, _, prompts = smol
+    model, _, _ = smol
+    from colibri_lab.chat import render
+    from colibri_lab.tokenizer import Tokenizer
+
+    meta = model.metadata()
+    text = render(meta["tokenizer.chat_template"], [{"role": "user", "content": (
+        "Copy this text exactly:\nThe quick brown fox jumps over the lazy dog. A journey of a thousand "
+        "miles begins with a single step. All that glitters is not gold.")}])
+    prompt = Tokenizer.from_metadata(meta).encode(text, add_special=False)
     core = _engine.Engine(model, n_slots=1, n_ctx=512, n_threads=2)
-    res = run_all(core, [(prompts[2], dict(max_tokens=40, speculative={"sources": ["prompt_lookup"], "adaptive": False}))])[0]
+    res = run_all(core, [(prompt, dict(max_tokens=60, speculative={"sources": ["prompt_lookup"], "adaptive": False}))])[0]
     m = res["metrics"]
-    assert m["draft_accepted"] >= 10 and m["accept_len_mean"] > 1.5, m
+    assert m["draft_accepted"] >= 10 and m["accept_len_mean"] > 2.0, m
 
 
 @pytest.mark.smollm2

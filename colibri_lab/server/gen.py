@@ -13,6 +13,7 @@ exactly once, whether or not the client is still there.
 from __future__ import annotations
 
 import queue
+import time
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -160,10 +161,16 @@ class Generation:
     def collect(self, gone: Callable[[], bool], tick: float = 0.25) -> list[ChoiceResult]:
         """Wait for every choice (non-streaming); cancels and raises ClientGone if the
         client disconnects meanwhile.  Raises the first choice error as an ApiError."""
+        last_check = time.monotonic()
         for item in self.events(tick):
-            if item is None and gone():
-                self.cancel()
-                raise ClientGone()
+            # check on silence, and every tick even while tokens keep coming
+            # (a fast engine may never be silent for a whole tick)
+            now = time.monotonic()
+            if item is None or now - last_check >= tick:
+                last_check = now
+                if gone():
+                    self.cancel()
+                    raise ClientGone()
         rs = [self.results[i] for i in sorted(self.results)]
         for r in rs:
             if r.error is not None:

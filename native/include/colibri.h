@@ -201,6 +201,17 @@ int  cb_matcher_is_accepting(const cb_matcher *m);
 /* Bytes the grammar forces next (the unique continuation, up to a branch or
  * the end), at most cap; returns the length (0 = no forced bytes). */
 int  cb_matcher_forced_bytes(const cb_matcher *m, uint8_t *out, int cap);
+/* Like cb_matcher_fill_mask, but also forbid any token after which the
+ * grammar could not be completed within `budget` more tokens (budget counts
+ * the tokens after this one, each at least one byte).  With budget >= the
+ * shortest completion of the current state this never empties the mask
+ * (single-byte tokens can always follow a shortest completion: true of
+ * byte-level BPE vocabularies, see grammar.c).  A negative budget means
+ * unlimited (same as cb_matcher_fill_mask), as does one >= 2^30 - 1. */
+int  cb_matcher_fill_mask_budget(cb_matcher *m, uint32_t *mask, int budget);
+/* Bytes in the shortest completion of the current state (0 when accepting
+ * or finished; saturates at 2^30 - 1), or -1 if m is NULL. */
+int  cb_matcher_min_completion(const cb_matcher *m);
 
 /* --- sampling --- */
 

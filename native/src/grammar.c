@@ -43,6 +43,8 @@
 #define G_MAX_CP        0x10FFFFu
 #define G_SC_N          64         /* masks in the grammar's shared cache */
 #define G_SC_KEY        512        /* largest state encoding (words) the shared cache keeps */
+#define G_MC_INF        0x3FFFFFFFu /* "no finite / too long" completion length; sums saturate here */
+#define G_MC_UNLIMITED  0x7FFFFFFFu /* budget meaning "no budget" (> G_MC_INF, and + 65535 fits uint32) */
 
 /* matcher bounds (per matcher; see cb_matcher_new for the memory they cost) */
 #define M_MAX_STATES    2048       /* interned DFA states in one pool (uint16 ids, 0xFFFF = unknown) */
@@ -86,6 +88,12 @@ struct cb_grammar {
     uint32_t *rng;        /* [2 * n_ranges] (lo, hi) inclusive code point ranges */
     uint32_t *cls_off;    /* [n_cls + 1] class c's ranges are rng pairs cls_off[c]..cls_off[c+1] */
     uint32_t  n_cls;
+    /* Shortest completions (bytes), from the min-length analysis
+     * (compute_min_lengths): rem[p] = fewest bytes that finish the
+     * alternative holding element p, starting at p (0 at its ALT/END;
+     * G_MC_INF in unproductive alternatives, which the matcher never enters).
+     * A stack's shortest completion is the sum of rem over its positions. */
+    uint32_t *rem;        /* [n_el] */
     /* vocabulary (copied) */
     int       n_vocab;
     uint8_t  *tok_bytes;  /* concatenated bytes */
@@ -100,6 +108,7 @@ struct cb_grammar {
     uint32_t *tn_end;     /* [n_nodes] index just past the node's subtree */
     uint32_t *tn_tok_off; /* [n_nodes + 1] tokens ending at node i: tn_tok[tn_tok_off[i]..tn_tok_off[i+1]) */
     int32_t  *tn_tok;     /* token ids in trie order */
+    uint16_t *tn_maxd;    /* [n_nodes] deepest depth in the node's subtree (itself included): budgeted walks prune with it */
     int       max_depth;  /* longest text token in bytes */
     /* Shared mask cache: masks are a pure function of the parse state, so
      * matchers of the same grammar (other requests, other engines) share the
@@ -115,6 +124,7 @@ struct cb_grammar {
     uint32_t  sc_hash[G_SC_N];   /* state hash (includes the partial code point) */
     uint32_t  sc_part[G_SC_N];   /* pval | prem << 24 | plen << 28 */
     int32_t   sc_count[G_SC_N];  /* allowed tokens */
+    uint32_t  sc_maxmc[G_SC_N];  /* largest shortest-completion over the allowed tokens' end states */
     uint64_t  sc_used[G_SC_N];   /* LRU tick */
     uint64_t  sc_tick;
 };
@@ -877,6 +887,15 @@ static int build_vocab(cb_grammar *g, const cb_vocab_view *v, char *err, size_t 
     }
     while (plen) g->tn_end[path[--plen]] = nn;
     g->tn_tok_off[nn] = ntok;
+    /* deepest node per subtree: children lie after their parent in preorder
+     * (first child i+1, next sibling at the child's end), so one backward pass */
+    g->tn_maxd = malloc(cap * sizeof *g->tn_maxd);
+    if (!g->tn_maxd) { free(t); free(path); goto oom; }
+    for (uint32_t i = nn; i-- > 0; ) {
+        uint16_t md = g->tn_depth[i];
+        for (uint32_t c = i + 1; c < g->tn_end[i]; c = g->tn_end[c]) if (g->tn_maxd[c] > md) md = g->tn_maxd[c];
+        g->tn_maxd[i] = md;
+    }
     /* nodes created without tokens: tn_tok_off must be non-decreasing, which
      * it is (set to the running count at creation); a node's tokens are those
      * added before the next node was created. */
@@ -889,11 +908,111 @@ oom:
     return CB_ERR_NOMEM;
 }
 
+/* ------------------------------------------------------------ shortest completions */
+
+static uint32_t mc_add(uint32_t a, uint32_t b) {  /* a, b <= G_MC_INF: no overflow */
+    uint32_t s = a + b;
+    return s >= G_MC_INF ? G_MC_INF : s;
+}
+
+static uint32_t utf8_len(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+
+/* Fewest bytes a terminal can match: a literal code point's UTF-8 length; a
+ * class's smallest code point's (ranges are sorted, so the first lo), i.e. 1
+ * for any class admitting an ASCII character. */
+static uint32_t term_min_bytes(const cb_grammar *g, const gelem *e) {
+    if (e->type == GE_CHAR) return utf8_len(e->value);
+    uint32_t a = g->cls_off[e->value];
+    return a < g->cls_off[e->value + 1] ? utf8_len(g->rng[2 * a]) : G_MC_INF;
+}
+
+/* Shortest string (in bytes) each rule derives, then g->rem.  A rule's
+ * length is the min over its productive alternatives of the sum of their
+ * elements' lengths: a least fixpoint of min/+ equations with non-negative
+ * terms, solved exactly by Knuth's generalization of Dijkstra (1977): an
+ * alternative's length is final once every rule it references is final;
+ * the smallest tentative rule length is then final too.  O(E log A),
+ * whatever the rule order or recursion (iterating sweeps to a fixpoint
+ * could take one sweep per rule of a long repetition chain). */
+static int compute_min_lengths(cb_grammar *g) {
+    uint32_t R = g->n_rules, A = g->alt_off[R];
+    int rc = CB_ERR_NOMEM;
+    uint32_t *len = malloc(((size_t)R + 1) * sizeof *len);        /* final rule lengths */
+    uint8_t  *done = calloc((size_t)R + 1, 1);
+    uint32_t *base = malloc(((size_t)A + 1) * sizeof *base);      /* alternative: sum of its known parts */
+    uint32_t *pend = calloc((size_t)A + 1, sizeof *pend);         /* alternative: references not yet final */
+    uint32_t *owner = malloc(((size_t)A + 1) * sizeof *owner);    /* alternative -> its rule */
+    uint32_t *occ_off = calloc((size_t)R + 2, sizeof *occ_off);   /* rule -> its occurrences (CSR) */
+    uint32_t *occ = NULL;                                         /* alternatives referencing each rule, per occurrence */
+    uint32_t *hv = malloc(((size_t)A + 1) * sizeof *hv), *hr = malloc(((size_t)A + 1) * sizeof *hr);  /* min-heap (length, rule) */
+    g->rem = malloc(((size_t)g->n_el + 1) * sizeof *g->rem);
+    if (!len || !done || !base || !pend || !owner || !occ_off || !hv || !hr || !g->rem) goto out;
+    size_t n_occ = 0;
+    for (uint32_t r = 0; r < R; r++)
+        for (uint32_t a = g->alt_off[r]; a < g->alt_off[r + 1]; a++) {
+            owner[a] = r;
+            base[a] = 0;
+            for (uint32_t p = g->alt_pos[a]; !is_eos(&g->el[p]); p++) {
+                const gelem *e = &g->el[p];
+                if (e->type == GE_REF) { pend[a]++; occ_off[e->value + 1]++; n_occ++; }
+                else base[a] = mc_add(base[a], term_min_bytes(g, e));
+            }
+        }
+    for (uint32_t r = 0; r < R; r++) occ_off[r + 1] += occ_off[r];
+    occ = malloc((n_occ ? n_occ : 1) * sizeof *occ);
+    if (!occ) goto out;
+    for (uint32_t r = 0; r < R; r++) len[r] = occ_off[r];  /* fill cursors (len reused) */
+    for (uint32_t a = 0; a < A; a++)
+        for (uint32_t p = g->alt_pos[a]; !is_eos(&g->el[p]); p++)
+            if (g->el[p].type == GE_REF) occ[len[g->el[p].value]++] = a;
+    uint32_t hn = 0;
+#define HPUSH(v_, r_) do {         uint32_t i_ = hn++;         while (i_ && hv[(i_ - 1) / 2] > (v_)) { hv[i_] = hv[(i_ - 1) / 2]; hr[i_] = hr[(i_ - 1) / 2]; i_ = (i_ - 1) / 2; }         hv[i_] = (v_); hr[i_] = (r_);     } while (0)
+    for (uint32_t a = 0; a < A; a++) if (!pend[a]) HPUSH(base[a], owner[a]);
+    for (uint32_t r = 0; r < R; r++) len[r] = G_MC_INF;
+    while (hn) {
+        uint32_t v = hv[0], r = hr[0];
+        /* pop: move the last entry down from the root */
+        uint32_t lv = hv[--hn], lr = hr[hn], i = 0;
+        for (;;) {
+            uint32_t c = 2 * i + 1;
+            if (c >= hn) break;
+            if (c + 1 < hn && hv[c + 1] < hv[c]) c++;
+            if (hv[c] >= lv) break;
+            hv[i] = hv[c]; hr[i] = hr[c]; i = c;
+        }
+        hv[i] = lv; hr[i] = lr;
+        if (done[r]) continue;
+        done[r] = 1;
+        len[r] = v;
+        for (uint32_t k = occ_off[r]; k < occ_off[r + 1]; k++) {
+            uint32_t a = occ[k];
+            base[a] = mc_add(base[a], v);
+            if (--pend[a] == 0) HPUSH(base[a], owner[a]);  /* each alternative is pushed once: hn <= A */
+        }
+    }
+#undef HPUSH
+    /* rem, backwards along each productive alternative */
+    for (uint32_t p = 0; p < g->n_el; p++) g->rem[p] = is_eos(&g->el[p]) ? 0 : G_MC_INF;
+    for (uint32_t a = 0; a < A; a++) {
+        uint32_t q = g->alt_pos[a];
+        while (!is_eos(&g->el[q])) q++;
+        for (uint32_t p = q; p-- > g->alt_pos[a]; ) {
+            const gelem *e = &g->el[p];
+            g->rem[p] = mc_add(e->type == GE_REF ? len[e->value] : term_min_bytes(g, e), g->rem[p + 1]);
+        }
+    }
+    rc = CB_OK;
+out:
+    free(len); free(done); free(base); free(pend); free(owner); free(occ_off); free(occ); free(hv); free(hr);
+    return rc;
+}
+
 void cb_grammar_free(cb_grammar *g) {
     if (!g) return;
     free(g->el); free(g->alt_off); free(g->alt_pos); free(g->rng); free(g->cls_off);
     free(g->tok_bytes); free(g->tok_off); free(g->tok_kind); free(g->eog_ids);
-    free(g->tn_byte); free(g->tn_depth); free(g->tn_end); free(g->tn_tok_off); free(g->tn_tok);
+    free(g->tn_byte); free(g->tn_depth); free(g->tn_end); free(g->tn_tok_off); free(g->tn_tok); free(g->tn_maxd);
+    free(g->rem);
     if (g->sc_ready) pthread_mutex_destroy(&g->sc_lock);
     free(g->sc_mask); free(g->sc_key);
     free(g);
@@ -983,6 +1102,8 @@ int cb_grammar_compile_vocab(const cb_vocab_view *vocab, const char *text, size_
     g->rng = P.rng; P.rng = NULL;
     g->cls_off = P.cls_off; P.cls_off = NULL;
     if (!g->cls_off) { g->cls_off = calloc(1, sizeof *g->cls_off); if (!g->cls_off) { rc = nomem(&P); goto fail; } }
+    rc = compute_min_lengths(g);
+    if (rc) { nomem(&P); goto fail; }
     rc = build_vocab(g, vocab, err, err_len);
     if (rc) goto fail;
     g->sc_words = ((uint32_t)g->n_vocab + 31) / 32;
@@ -1028,6 +1149,7 @@ typedef struct {
     uint8_t  prem;      /* continuation bytes still expected (0 = at a code point boundary) */
     uint8_t  plen;      /* total bytes of the partial code point's encoding */
     uint8_t  accepting; /* 1: prem == 0 and some stack is empty */
+    uint32_t mc;        /* bytes in the shortest completion (0 iff accepting; G_MC_INF for the dead state or when saturated) */
 } mstate;
 
 /* One of the two state pools (the copying collector moves live states from
@@ -1073,6 +1195,8 @@ struct cb_matcher {
     uint32_t *mc_mask;     /* [M_MASK_CACHE * n_words] */
     int32_t   mc_key[M_MASK_CACHE];   /* state id or -1 */
     int32_t   mc_count[M_MASK_CACHE]; /* allowed tokens */
+    uint32_t  mc_budget[M_MASK_CACHE];/* budget the mask was computed for (G_MC_UNLIMITED = none) */
+    uint32_t  mc_maxmc[M_MASK_CACHE]; /* unbudgeted entries: largest shortest-completion over the allowed tokens' end states */
     uint64_t  mc_used[M_MASK_CACHE];  /* last use tick */
     uint64_t  tick;
     cb_matcher_stats stats;
@@ -1124,6 +1248,23 @@ static int intern(cb_matcher *m, const uint32_t *w, uint32_t nw, uint32_t ns,
     s->accepting = 0;
     if (prem == 0)
         for (uint32_t i = 0; i < nw; i += 1 + w[i]) if (w[i] == 0) { s->accepting = 1; break; }
+    /* Shortest completion: min over stacks of the sum of rem over the stack
+     * (each position is where its frame continues).  Inside a code point the
+     * top terminal is being matched: its rest costs the prem bytes still
+     * expected, then the rest of its alternative from top + 1 (stacks whose
+     * top cannot match these bytes were already dropped). */
+    uint32_t best = G_MC_INF;
+    const uint32_t *rem = m->g->rem;
+    for (uint32_t i = 0; i < nw && best; i += 1 + w[i]) {
+        uint32_t len = w[i], c = 0;
+        if (len) {
+            uint32_t top = w[i + len];
+            c = prem ? mc_add(prem, rem[top + 1]) : rem[top];
+            for (uint32_t j = 1; j < len && c < best; j++) c = mc_add(c, rem[w[i + j]]);
+        }
+        if (c < best) best = c;
+    }
+    s->mc = best;
     if (nw) memcpy(P->arena + P->n_words, w, nw * sizeof *w);
     P->n_words += nw;
     m->ht[slot] = (int32_t)id;
@@ -1492,7 +1633,7 @@ int cb_matcher_rollback(cb_matcher *m, int n) {
 
 /* The grammar's shared mask cache (see struct cb_grammar).  The lock is
  * held only to compare keys and copy one mask. */
-static int shared_lookup(cb_matcher *m, uint32_t *mask) {
+static int shared_lookup(cb_matcher *m, uint32_t *mask, uint32_t *maxmc) {
     cb_grammar *g = (cb_grammar *)m->g;  /* only the synchronized cache is written */
     const mstate *s = &m->pool[m->cur_pool].st[m->cur];
     if (s->nwords > G_SC_KEY) return -1;
@@ -1506,6 +1647,7 @@ static int shared_lookup(cb_matcher *m, uint32_t *mask) {
             memcpy(mask, g->sc_mask + (size_t)i * g->sc_words, g->sc_words * sizeof *mask);
             g->sc_used[i] = ++g->sc_tick;
             count = g->sc_count[i];
+            *maxmc = g->sc_maxmc[i];
             break;
         }
     pthread_mutex_unlock(&g->sc_lock);
@@ -1513,7 +1655,7 @@ static int shared_lookup(cb_matcher *m, uint32_t *mask) {
     return count;
 }
 
-static void shared_store(cb_matcher *m, const uint32_t *mask, int count) {
+static void shared_store(cb_matcher *m, const uint32_t *mask, int count, uint32_t maxmc) {
     cb_grammar *g = (cb_grammar *)m->g;
     const mstate *s = &m->pool[m->cur_pool].st[m->cur];
     if (s->nwords > G_SC_KEY) return;
@@ -1525,6 +1667,7 @@ static void shared_store(cb_matcher *m, const uint32_t *mask, int count) {
     g->sc_hash[lru] = s->hash;
     g->sc_part[lru] = s->pval | (uint32_t)s->prem << 24 | (uint32_t)s->plen << 28;
     g->sc_count[lru] = count;
+    g->sc_maxmc[lru] = maxmc;
     g->sc_used[lru] = ++g->sc_tick;
     if (s->nwords) memcpy(g->sc_key + (size_t)lru * G_SC_KEY, key, s->nwords * sizeof *key);
     memcpy(g->sc_mask + (size_t)lru * g->sc_words, mask, g->sc_words * sizeof *mask);
@@ -1532,16 +1675,22 @@ static void shared_store(cb_matcher *m, const uint32_t *mask, int count) {
 }
 
 /* The mask walk: preorder over the trie, one cached transition per node,
- * a dead state skips the node's whole subtree. */
-static int walk_trie(cb_matcher *m, uint32_t *mask) {
+ * a dead state skips the node's whole subtree.  With a budget (anything
+ * below G_MC_UNLIMITED) a token is set only if its end state's shortest
+ * completion is within the budget; since one byte lowers the shortest
+ * completion by at most one, a node whose state needs more than budget +
+ * (bytes still below it in the trie) skips its subtree too.  *maxmc gets
+ * the largest shortest completion over the set tokens' end states. */
+static int walk_trie(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *maxmc) {
     const cb_grammar *g = m->g;
     const uint8_t *byte = g->tn_byte;
-    const uint16_t *depth = g->tn_depth;
+    const uint16_t *depth = g->tn_depth, *maxd = g->tn_maxd;
     const uint32_t *end = g->tn_end, *toff = g->tn_tok_off;
     const int32_t *tok = g->tn_tok;
     uint16_t *st = m->walk;
     const uint16_t *trans = m->trans;
-    uint32_t n = g->n_nodes, i = 0, visited = 0;
+    const mstate *sts = m->pool[m->cur_pool].st;
+    uint32_t n = g->n_nodes, i = 0, visited = 0, hi = 0;
     int count = 0;
     st[0] = m->cur;
     m->walk_n = 1;
@@ -1555,50 +1704,138 @@ static int walk_trie(cb_matcher *m, uint32_t *mask) {
             if (s < 0) { m->walk_n = 0; return s; }
             t = (uint16_t)s;
             trans = m->trans;
+            sts = m->pool[m->cur_pool].st;  /* a collection switches pools */
         }
         if (t == 0) { i = end[i]; continue; }
-        st[d] = t;
-        for (uint32_t k = toff[i]; k < toff[i + 1]; k++) {
-            int32_t id = tok[k];
-            mask[id >> 5] |= 1u << (id & 31);
-            count++;
+        uint32_t mc = sts[t].mc;
+        if (mc > budget) {
+            if (mc > budget + (uint32_t)(maxd[i] - d)) { i = end[i]; continue; }
+        } else if (toff[i] < toff[i + 1]) {
+            if (mc > hi) hi = mc;
+            for (uint32_t k = toff[i]; k < toff[i + 1]; k++) {
+                int32_t id = tok[k];
+                mask[id >> 5] |= 1u << (id & 31);
+                count++;
+            }
         }
+        st[d] = t;
         i++;
     }
     m->walk_n = 0;
     m->stats.trie_nodes += visited;
+    *maxmc = hi;
     return count;
 }
 
-int cb_matcher_fill_mask(cb_matcher *m, uint32_t *mask) {
-    if (!m || !mask) return CB_ERR_ARG;
-    const cb_grammar *g = m->g;
-    m->stats.mask_calls++;
-    if (m->finished) { memset(mask, 0, m->n_words * sizeof *mask); return 0; }
-    m->tick++;
-    for (int i = 0; i < M_MASK_CACHE; i++)
-        if (m->mc_key[i] == m->cur) {
-            memcpy(mask, m->mc_mask + (size_t)i * m->n_words, m->n_words * sizeof *mask);
-            m->mc_used[i] = m->tick;
-            m->stats.mask_cache_hits++;
-            return m->mc_count[i];
-        }
-    int count = shared_lookup(m, mask);
-    if (count < 0) {
-        memset(mask, 0, m->n_words * sizeof *mask);
-        count = walk_trie(m, mask);
-        if (count < 0) return count;
-        if (cb_matcher_is_accepting(m))
-            for (int i = 0; i < g->n_eog; i++) { int id = g->eog_ids[i]; mask[id >> 5] |= 1u << (id & 31); count++; }
-        shared_store(m, mask, count);
-    }
+static void mask_cache_put(cb_matcher *m, const uint32_t *mask, int count, uint32_t budget, uint32_t maxmc) {
     int lru = 0;
     for (int i = 1; i < M_MASK_CACHE; i++) if (m->mc_used[i] < m->mc_used[lru]) lru = i;
     m->mc_key[lru] = m->cur;
     m->mc_count[lru] = count;
+    m->mc_budget[lru] = budget;
+    m->mc_maxmc[lru] = maxmc;
     m->mc_used[lru] = m->tick;
     memcpy(m->mc_mask + (size_t)lru * m->n_words, mask, m->n_words * sizeof *mask);
+}
+
+static int mask_cache_get(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *maxmc) {
+    for (int i = 0; i < M_MASK_CACHE; i++)
+        if (m->mc_key[i] == m->cur && m->mc_budget[i] == budget) {
+            memcpy(mask, m->mc_mask + (size_t)i * m->n_words, m->n_words * sizeof *mask);
+            m->mc_used[i] = m->tick;
+            m->stats.mask_cache_hits++;
+            *maxmc = m->mc_maxmc[i];
+            return m->mc_count[i];
+        }
+    return -1;
+}
+
+static void add_eog(const cb_matcher *m, uint32_t *mask, int *count) {
+    const cb_grammar *g = m->g;
+    if (!cb_matcher_is_accepting(m)) return;
+    for (int i = 0; i < g->n_eog; i++) { int id = g->eog_ids[i]; mask[id >> 5] |= 1u << (id & 31); (*count)++; }
+}
+
+/* The unbudgeted mask of the current state (not finished): matcher cache,
+ * shared cache, or a walk; *maxmc as in walk_trie. */
+static int mask_unbudgeted(cb_matcher *m, uint32_t *mask, uint32_t *maxmc) {
+    int count = mask_cache_get(m, mask, G_MC_UNLIMITED, maxmc);
+    if (count >= 0) return count;
+    count = shared_lookup(m, mask, maxmc);
+    if (count < 0) {
+        memset(mask, 0, m->n_words * sizeof *mask);
+        count = walk_trie(m, mask, G_MC_UNLIMITED, maxmc);
+        if (count < 0) return count;
+        add_eog(m, mask, &count);  /* EOG ends in a finished state: shortest completion 0, maxmc unchanged */
+        shared_store(m, mask, count, *maxmc);
+    }
+    mask_cache_put(m, mask, count, G_MC_UNLIMITED, *maxmc);
     return count;
+}
+
+int cb_matcher_fill_mask(cb_matcher *m, uint32_t *mask) {
+    return cb_matcher_fill_mask_budget(m, mask, -1);
+}
+
+/* Budgeted masks.  The unbudgeted mask of a state is cached with the
+ * largest shortest completion among its tokens' end states (maxmc); a
+ * budget >= maxmc changes nothing and is served from it, which is the
+ * common case (budgets are usually far above what the output still needs).
+ * Below maxmc a pruned walk computes the mask, cached under (state, budget)
+ * in the matcher's LRU only (not shared: budgets rarely repeat across
+ * requests).
+ *
+ * Why this guarantees completion (the caller passes budget = tokens it may
+ * still emit after this one): every token set here leads to a state whose
+ * shortest completion c <= budget.  If that state has shortest completion
+ * c > 0 its first byte b is the start of a shortest completion; the
+ * single-byte token for b leads to a state needing c - 1 <= budget - 1, so
+ * it is allowed on the next call, and so on down to c = 0 (accepting), where
+ * an end-of-generation token is allowed.  This needs a single-byte token for
+ * every byte a shortest completion can contain: byte-level BPE vocabularies
+ * (GPT-2 style, SmolLM2, Llama 3, Qwen) have one for each of the 256 bytes
+ * except, in some, bytes that never occur in valid UTF-8 (0xC0, 0xC1,
+ * 0xF5..0xFF), which no completion contains since the matcher only follows
+ * valid UTF-8.  A vocabulary without them (SentencePiece without byte
+ * fallback) can still empty the mask; the caller reports it as a dead end. */
+int cb_matcher_fill_mask_budget(cb_matcher *m, uint32_t *mask, int budget) {
+    if (!m || !mask) return CB_ERR_ARG;
+    m->stats.mask_calls++;
+    if (m->finished) { memset(mask, 0, m->n_words * sizeof *mask); return 0; }
+    m->tick++;
+    uint32_t b = budget < 0 || (uint32_t)budget >= G_MC_INF ? G_MC_UNLIMITED : (uint32_t)budget;
+    uint32_t maxmc;
+    int count = mask_unbudgeted(m, mask, &maxmc);
+    if (count < 0 || b >= maxmc) return count;
+    count = mask_cache_get(m, mask, b, &maxmc);
+    if (count >= 0) return count;
+    m->stats.budget_walks++;
+    memset(mask, 0, m->n_words * sizeof *mask);
+    count = walk_trie(m, mask, b, &maxmc);
+    if (count < 0) return count;
+    add_eog(m, mask, &count);  /* accepting: EOG needs no further token */
+    mask_cache_put(m, mask, count, b, maxmc);
+    return count;
+}
+
+int cb_matcher_min_completion(const cb_matcher *m) {
+    if (!m) return -1;
+    if (m->finished) return 0;
+    uint32_t mc = m->pool[m->cur_pool].st[m->cur].mc;
+    return (int)mc;  /* G_MC_INF (2^30 - 1) = saturated: at least that many */
+}
+
+int cb_matcher_state_key(const cb_matcher *m, uint32_t *out, int cap) {
+    if (!m || !out || cap < 5) return -1;
+    const mstate *s = &m->pool[m->cur_pool].st[m->cur];
+    if ((uint64_t)s->nwords + 5 > (uint64_t)cap) return -1;
+    out[0] = m->finished;
+    out[1] = s->pval;
+    out[2] = s->prem;
+    out[3] = s->plen;
+    out[4] = s->nwords;
+    if (s->nwords) memcpy(out + 5, m->pool[m->cur_pool].arena + s->off, s->nwords * sizeof *out);
+    return (int)s->nwords + 5;
 }
 
 int cb_matcher_forced_bytes(const cb_matcher *cm, uint8_t *out, int cap) {

@@ -44,10 +44,17 @@ typedef struct {
     uint64_t trie_nodes;      /* trie nodes visited by walks (cache misses) */
     uint64_t transitions;     /* DFA transitions computed (slow path) */
     uint64_t gcs;             /* state-pool compactions */
+    uint64_t budget_walks;    /* cb_matcher_fill_mask_budget calls whose budget cut the mask (a pruned walk) */
     uint32_t n_states;        /* interned states now */
     uint32_t trie_size;       /* nodes in the grammar's vocabulary trie */
 } cb_matcher_stats;
 
 void cb_matcher_get_stats(const cb_matcher *m, cb_matcher_stats *out);
+
+/* The current parse state's identity, for tests (e.g. a breadth-first
+ * search over bytes that must not revisit states): writes [finished, pval,
+ * prem, plen, nwords, stack words...] and returns the word count, or -1 if
+ * cap is too small.  Equal keys = equal states. */
+int cb_matcher_state_key(const cb_matcher *m, uint32_t *out, int cap);
 
 #endif

@@ -59,6 +59,9 @@ typedef struct {
 #define XS_MAX 4096
 #define XC_MAX 512
 
+/* Output tiles of 4 rows between a tile's software prefetch and its use. */
+#define CB_PF_TILES 2
+
 /* ---------------------------------------------------------------- helpers */
 
 /* Sum of lanes 0-7 (returned in lane 0) and of lanes 8-15 (lane 8), with the
@@ -275,6 +278,16 @@ T512 static INL void q_rows(const int type, const cb_weight *w, const cb_block_q
         for (int j = 0; j < 4; j++)
             wp[j] = (const uint8_t *)w->data + (size_t)(o + (j < no ? j : no - 1)) * w->row_bytes;
         int64_t cached = -1;
+        /* Software prefetch of the tile CB_PF_TILES ahead.  Decode streams
+         * every weight once from L3/DRAM and the hardware prefetcher alone
+         * leaves one thread latency-bound (measured: a 30-layer Q4_1 decode
+         * emulation went from ~6 to ~7.7 GB/s on the 2-core VM). */
+        if (o + 4 * CB_PF_TILES < o1) {
+            const int64_t on = o + 4 * CB_PF_TILES;
+            const char *p = (const char *)w->data + (size_t)on * w->row_bytes;
+            const size_t bytes = (size_t)(o1 - on < 4 ? o1 - on : 4) * w->row_bytes;
+            for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+        }
         int r = r0;
         for (; r + 4 <= r1; r += 4)
             q_tile(type, 4, wp, bsz, nb, xq + (int64_t)r * nb, xs ? xs + (int64_t)(r - r0) * nb : NULL,

@@ -17,7 +17,12 @@
  * the matcher checking its contracts: fill_mask's count equals the bits it
  * set, every allowed token is accepted, a refused token leaves the mask
  * unchanged, EOG is allowed iff accepting, rollback restores the mask,
- * forced bytes are accepted one by one.  A "failure" is a broken contract,
+ * forced bytes are accepted one by one; budgeted masks (random budgets
+ * around the shortest completion) are subsets of the unbudgeted mask, equal
+ * it for a huge budget, are never empty when the budget covers the shortest
+ * completion (the vocabulary has every single byte), and a sampled token
+ * in / out of the budgeted mask leaves a completion within / beyond the
+ * budget.  A "failure" is a broken contract,
  * an unexpected status or an error without a "line L, column C" message;
  * memory errors are the sanitizers' to catch.
  */
@@ -88,7 +93,7 @@ static const char *run_one(const uint8_t *data, size_t size) {
     }
     fz_stats[0]++;
     enum { W = (FZ_NTOK + 31) / 32 };
-    uint32_t mask[W], again[W];
+    uint32_t mask[W], again[W], bm[W];
     uint64_t seed = 1469598103934665603ull;
     for (size_t i = 0; i < size; i++) seed = (seed ^ data[i]) * 1099511628211ull;
     fz_rng = seed | 1;
@@ -108,6 +113,31 @@ static const char *run_one(const uint8_t *data, size_t size) {
             if (((mask[(fz_n - 1) >> 5] >> ((fz_n - 1) & 31)) & 1) != (uint32_t)cb_matcher_is_accepting(m)) { why = "EOG bit differs from accepting"; break; }
             if ((mask[(fz_n - 2) >> 5] >> ((fz_n - 2) & 31)) & 1) { why = "control token allowed"; break; }
             if (c == 0) break;
+            /* budgets */
+            int mc = cb_matcher_min_completion(m);
+            if (mc < 0 || (mc == 0) != cb_matcher_is_accepting(m)) { why = "min_completion inconsistent with accepting"; break; }
+            int budget = mc + (int)(fz_rand() % 5) - 2;
+            if (budget < 0) budget = 0;
+            int cb = cb_matcher_fill_mask_budget(m, bm, budget);
+            if (cb < 0) { if (cb != CB_ERR_UNSUPPORTED && cb != CB_ERR_NOMEM) why = "fill_mask_budget: unexpected status"; break; }
+            if (cb != popcount_mask(bm, W)) { why = "budgeted count differs from the mask"; break; }
+            for (int i = 0; i < W; i++) if (bm[i] & ~mask[i]) { why = "budgeted mask not a subset"; break; }
+            if (why) break;
+            if (budget >= mc && cb == 0) { why = "budget covers the shortest completion but the mask is empty"; break; }
+            {
+                int t = (int)(fz_rand() % (uint32_t)fz_n);
+                if (((mask[t >> 5] >> (t & 31)) & 1) && !fz_eog[t]) {
+                    int in = (bm[t >> 5] >> (t & 31)) & 1;
+                    rc = cb_matcher_accept(m, t);
+                    if (rc == CB_OK) {
+                        int after = cb_matcher_min_completion(m);
+                        if (cb_matcher_rollback(m, 1) != CB_OK) { why = "rollback failed"; break; }
+                        if (in != (after <= budget)) { why = "budgeted bit disagrees with the completion after the token"; break; }
+                    } else if (rc != CB_ERR_UNSUPPORTED && rc != CB_ERR_NOMEM) { why = "allowed token refused"; break; }
+                }
+            }
+            int cu = cb_matcher_fill_mask_budget(m, again, 1 << 30);  /* >= 2^30 - 1: no budget */
+            if (cu >= 0 && (cu != c || memcmp(again, mask, sizeof mask))) { why = "huge budget differs from no budget"; break; }
             /* a refused token changes nothing */
             int bad = (int)(fz_rand() % (uint32_t)fz_n);
             if (!((mask[bad >> 5] >> (bad & 31)) & 1)) {

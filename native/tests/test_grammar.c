@@ -10,7 +10,14 @@
  *   - masks equal a brute-force reference (accept each token, roll back) at
  *     every step of seeded random walks; EOG allowed iff accepting; rollback
  *     restores masks exactly; forced bytes; dead end = 0; bounded blow-ups;
- *   - a grammar with thousands of states forces state-pool collections.
+ *   - a grammar with thousands of states forces state-pool collections;
+ *   - budgets: cb_matcher_min_completion equals a breadth-first search over
+ *     bytes at every step of random walks; budgeted masks equal a brute-force
+ *     reference (accept, read the shortest completion, roll back), are a
+ *     subset of the unbudgeted mask and equal it for a huge budget; an
+ *     adversary that always takes the token leaving the longest completion
+ *     still ends accepting within the budget (JSON, unbounded arrays,
+ *     recursive objects, multibyte literals); saturation on huge grammars.
  *
  * Built alone (grammar.c only): add -DCB_GRAMMAR_STANDALONE.  With the full
  * library, CB_GRAMMAR_BENCH_GGUF=model.gguf also runs a mask benchmark over
@@ -467,6 +474,330 @@ static void test_bounds(void) {
     }
 }
 
+
+/* ------------------------------------------------------------ budgets */
+
+/* Shortest completion by breadth-first search over single bytes from the
+ * matcher's current state, states deduplicated by their key.  Returns the
+ * byte count, -1 if no completion exists, -2 if the search hit its limits
+ * (inconclusive).  Independent of the min-length analysis: it only uses
+ * the matcher's transitions. */
+#define BFS_MAXN 3000
+#define BFS_MAXD 48
+#define BFS_KEYW (1 << 19)
+static uint8_t  bfs_pre[BFS_MAXN][BFS_MAXD];
+static int      bfs_len[BFS_MAXN];
+static uint32_t bfs_keys[BFS_KEYW];
+static uint32_t bfs_koff[BFS_MAXN + 1];
+static int32_t  bfs_ht[1 << 13];
+
+static uint32_t key_hash(const uint32_t *k, int n) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < n; i++) { h ^= k[i]; h *= 16777619u; }
+    return h;
+}
+
+/* Add the matcher's current state as node n (prefix p, len l) unless seen;
+ * returns 1 added, 0 seen, -1 out of room. */
+static int bfs_add(cb_matcher *m, int n, const uint8_t *p, int l) {
+    uint32_t *k = bfs_keys + bfs_koff[n];
+    int kn = cb_matcher_state_key(m, k, (int)(BFS_KEYW - bfs_koff[n]));
+    if (kn < 0) return -1;
+    uint32_t h = key_hash(k, kn) & ((1u << 13) - 1);
+    for (;; h = (h + 1) & ((1u << 13) - 1)) {
+        int32_t j = bfs_ht[h];
+        if (j < 0) break;
+        if ((int)(bfs_koff[j + 1] - bfs_koff[j]) == kn && memcmp(bfs_keys + bfs_koff[j], k, (size_t)kn * 4) == 0) return 0;
+    }
+    bfs_ht[h] = n;
+    bfs_koff[n + 1] = bfs_koff[n] + (uint32_t)kn;
+    memcpy(bfs_pre[n], p, (size_t)l);
+    bfs_len[n] = l;
+    return 1;
+}
+
+static int bfs_min_completion(cb_matcher *m) {
+    if (cb_matcher_is_accepting(m)) return 0;
+    memset(bfs_ht, 0xFF, sizeof bfs_ht);
+    bfs_koff[0] = 0;
+    uint8_t p[BFS_MAXD];
+    int n = 0;
+    if (bfs_add(m, 0, p, 0) != 1) return -2;
+    n = 1;
+    for (int head = 0; head < n; head++) {
+        int l = bfs_len[head];
+        if (l + 1 >= BFS_MAXD) return -2;
+        memcpy(p, bfs_pre[head], (size_t)l);
+        for (int b = 0; b < 256; b++) {
+            p[l] = (uint8_t)b;
+            if (cb_matcher_accept_bytes(m, p, (size_t)l + 1) != CB_OK) continue;
+            int acc = cb_matcher_is_accepting(m), r = 0;
+            if (!acc) {
+                if (n >= BFS_MAXN) r = -1;
+                else { r = bfs_add(m, n, p, l + 1); if (r == 1) n++; }
+            }
+            if (cb_matcher_rollback(m, 1) != CB_OK) return -3;
+            if (acc) return l + 1;  /* levels are expanded in order: the first hit is shortest */
+            if (r < 0) return -2;
+        }
+    }
+    return -1;
+}
+
+static int popcount_words(const uint32_t *m, int words) {
+    int c = 0;
+    for (int i = 0; i < words; i++) c += __builtin_popcount(m[i]);
+    return c;
+}
+
+/* Brute-force budgeted mask: token t allowed iff accepted and the state
+ * after it has a shortest completion <= budget (EOG: iff accepting).  Also
+ * returns each token's completion after it in after[] (-1 = refused). */
+static int reference_budget_mask(cb_matcher *m, int budget, uint32_t *ref, int *after) {
+    int words = (nv + 31) / 32, count = 0;
+    memset(ref, 0, (size_t)words * 4);
+    for (int t = 0; t < nv; t++) {
+        after[t] = -1;
+        if (cb_matcher_accept(m, t) != CB_OK) continue;
+        after[t] = cb_matcher_min_completion(m);
+        if (cb_matcher_rollback(m, 1) != CB_OK) return -1;
+        if (after[t] <= budget) { ref[t >> 5] |= 1u << (t & 31); count++; }
+    }
+    return count;
+}
+
+/* Where the BFS is too wide: check the Bellman equation f(s) = 1 + min
+ * over bytes b of f(s after b) (f = min_completion, 0 iff accepting) at s
+ * and along the chain of minimizing bytes down to an accepting state.  The
+ * chain is a completion of exactly f(s) bytes, so the true shortest
+ * completion is <= f(s) (the direction the budget guarantee rests on); the
+ * equation at each state bounds it from the other side locally.  Returns 0
+ * if consistent, else the chain step that broke. */
+static int chain_check(cb_matcher *m) {
+    int k = 0, bad = 0;
+    while (k < 60) {
+        int f = cb_matcher_min_completion(m);
+        if (cb_matcher_is_accepting(m)) { bad = f != 0 ? k + 1 : 0; break; }
+        int best = -1, arg = -1;
+        for (int b = 0; b < 256; b++) {
+            uint8_t c = (uint8_t)b;
+            if (cb_matcher_accept_bytes(m, &c, 1) != CB_OK) continue;
+            int fb = cb_matcher_min_completion(m);
+            cb_matcher_rollback(m, 1);
+            if (best < 0 || fb < best) { best = fb; arg = b; }
+        }
+        if (best < 0 || f != best + 1) { bad = k + 1; break; }
+        uint8_t c = (uint8_t)arg;
+        if (cb_matcher_accept_bytes(m, &c, 1) != CB_OK) { bad = k + 1; break; }
+        k++;
+    }
+    cb_matcher_rollback(m, k);
+    return bad;
+}
+
+/* min_completion against the BFS along random token walks (tokens that end
+ * inside a code point included); the Bellman chain where the BFS gives up. */
+static void mc_bfs_check(const char *grammar, int n_walks, int max_len) {
+    cb_grammar *g = compile_ok(grammar);
+    if (!g) return;
+    uint32_t mask[(MAXTOK + 31) / 32];
+    int compared = 0, mismatches = 0, inconclusive = 0;
+    for (int w = 0; w < n_walks; w++) {
+        cb_matcher *m;
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        for (int len = 0; len <= max_len; len++) {
+            int mc = cb_matcher_min_completion(m), want = bfs_min_completion(m);
+            if (want == -2) {
+                inconclusive++;
+                int bad = chain_check(m);
+                if (bad && mismatches++ < 4) fprintf(stderr, "  walk %d step %d: min_completion %d inconsistent at chain step %d\n", w, len, mc, bad);
+            } else {
+                compared++;
+                if (mc != want) {
+                    if (mismatches++ < 4) fprintf(stderr, "  walk %d step %d: min_completion %d, BFS %d\n", w, len, mc, want);
+                }
+            }
+            CHECK((mc == 0) == cb_matcher_is_accepting(m));
+            int count = cb_matcher_fill_mask(m, mask);
+            if (count <= 0) break;
+            int pick = -1, k = (int)(rnd() % (uint32_t)count);
+            for (int t = 0; t < nv; t++) if (bit(mask, t) && k-- == 0) { pick = t; break; }
+            if (pick == tok_eog) {
+                CHECK(cb_matcher_accept(m, pick) == CB_OK);
+                CHECK(cb_matcher_min_completion(m) == 0);
+                break;
+            }
+            CHECK(cb_matcher_accept(m, pick) == CB_OK);
+        }
+        cb_matcher_free(m);
+    }
+    CHECK_MSG(mismatches == 0, "%d of %d shortest completions differ from the BFS: %s", mismatches, compared, grammar);
+    CHECK_MSG(compared > 0, "BFS always inconclusive (%d times): %s", inconclusive, grammar);
+    cb_grammar_free(g);
+}
+
+static const char *UNBOUNDED_ARRAYS =
+    "root ::= arr\n"
+    "arr  ::= \"[\" ws (v (\",\" ws v)*)? \"]\"\n"
+    "v    ::= arr | [0-9]+ | \"\\\"\" [^\"]* \"\\\"\" | \"null\"\n"
+    "ws   ::= \" \"?\n";
+
+static const char *RECURSIVE_OBJECTS =
+    "root ::= obj\n"
+    "obj  ::= \"{\\\"name\\\": \\\"\" [a-z]* \"\\\", \\\"children\\\": [\" (obj (\", \" obj)*)? \"]}\"\n";
+
+static const char *MULTIBYTE =
+    "root ::= (\"\xe6\x97\xa5\xe6\x9c\xac\" | \"\xc3\xa9\" \"x\"{2} | [\xf0\x9f\x98\x80-\xf0\x9f\x98\x8f] \"!\" | [\xc3\xa9-\xc3\xaa]{2})+ \"\xe6\x97\xa5\"\n";
+
+static void test_min_completion(void) {
+    mc_bfs_check("root ::= \"\xe6\x97\xa5\xe6\x9c\xac\" | \"\xc3\xa9\" \"x\"{3}", 6, 8);
+    mc_bfs_check("root ::= [\xc3\xa9-\xc3\xaa]{2} [\xe4\xb8\x80-\xe9\xbe\xa5] | [\xf0\x9f\x98\x80-\xf0\x9f\x98\x8f] \"!\"", 6, 8);
+    mc_bfs_check("root ::= p\np ::= \"(\" p \")\" | \"<\" [a-z]{3} \">\"", 8, 16);
+    mc_bfs_check("root ::= \"a\"{2,4} (\"b\" | [^a-z]) rest\nrest ::= \"x\" rest | \"yz\"", 8, 12);
+    mc_bfs_check("root ::= \"a\"? b* c\nb ::= \"bb\"\nc ::= \"\" | \"c\"", 6, 8);
+    mc_bfs_check("root ::= (\"ab\" [0-9]{2}){3} (\"x y\" | \"\\n\")", 6, 14);
+    mc_bfs_check(MULTIBYTE, 8, 12);
+    mc_bfs_check(UNBOUNDED_ARRAYS, 8, 16);
+    mc_bfs_check(RECURSIVE_OBJECTS, 6, 16);
+    mc_bfs_check(JSON_GBNF, 8, 16);
+    mc_bfs_check("root ::= object\n"
+                 "value ::= object | array | string | number | \"true\" | \"null\"\n"
+                 "object ::= \"{\" (string \":\" value (\",\" string \":\" value)*)? \"}\"\n"
+                 "array ::= \"[\" (value (\",\" value)*)? \"]\"\n"
+                 "string ::= \"\\\"\" ([^\"\\\\] | \"\\\\\" [\"\\\\n])* \"\\\"\"\n"
+                 "number ::= \"-\"? [0-9]+ (\".\" [0-9]+)?\n", 8, 16);
+
+    /* saturation: a shortest completion beyond 2^30 bytes */
+    cb_grammar *g = compile_ok("root ::= (((\"a\"{2000}){2000}){2000}) | \"b\"{3}");
+    if (g) {
+        cb_matcher *m;
+        uint32_t mask[(MAXTOK + 31) / 32];
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        CHECK(cb_matcher_min_completion(m) == 3);
+        CHECK(cb_matcher_accept(m, 'a') == CB_OK);
+        CHECK_MSG(cb_matcher_min_completion(m) == 0x3FFFFFFF, "got %d", cb_matcher_min_completion(m));
+        CHECK(cb_matcher_fill_mask_budget(m, mask, 1000000) == 0);  /* nothing finishes within a million */
+        CHECK(cb_matcher_fill_mask_budget(m, mask, -1) > 0 && bit(mask, 'a'));
+        CHECK(cb_matcher_rollback(m, 1) == CB_OK);
+        CHECK(cb_matcher_fill_mask_budget(m, mask, 2) == 1 && bit(mask, 'b'));  /* 'a' leads to a saturated state */
+        cb_matcher_free(m);
+        cb_grammar_free(g);
+    }
+    CHECK(cb_matcher_min_completion(NULL) == -1);
+    CHECK(cb_matcher_fill_mask_budget(NULL, NULL, 3) == CB_ERR_ARG);
+}
+
+/* Walks where the chosen token is always (or, in every other walk, mostly)
+ * the allowed one leaving the longest shortest completion, under a budget
+ * of B tokens: at step n the budget is B - n - 1 (tokens after this one).
+ * Every budgeted mask must equal the brute-force reference and be a
+ * non-empty subset of the unbudgeted mask, and after at most B tokens the
+ * state must be accepting with EOG allowed. */
+static void budget_walks(const char *grammar, int n_walks, int max_slack) {
+    cb_grammar *g = compile_ok(grammar);
+    if (!g) return;
+    int words = (nv + 31) / 32;
+    uint32_t um[(MAXTOK + 31) / 32], bm[(MAXTOK + 31) / 32], ref[(MAXTOK + 31) / 32], again[(MAXTOK + 31) / 32];
+    int after[MAXTOK];
+    int mismatches = 0, steps = 0, cut = 0, unfinished = 0, max_mc = 0;
+    cb_matcher_stats st = {0};
+    for (int w = 0; w < n_walks; w++) {
+        cb_matcher *m;
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        int mc0 = cb_matcher_min_completion(m);
+        int B = mc0 + (int)(rnd() % (uint32_t)(max_slack + 1));
+        int n = 0, ended = 0;
+        while (n < B && !ended) {
+            int budget = B - n - 1;
+            int cu = cb_matcher_fill_mask(m, um);
+            int cb = cb_matcher_fill_mask_budget(m, bm, budget);
+            int cr = reference_budget_mask(m, budget, ref, after);
+            steps++;
+            if (cb != cr || memcmp(bm, ref, (size_t)words * 4) != 0) {
+                if (mismatches++ < 4)
+                    for (int t = 0; t < nv; t++)
+                        if (bit(bm, t) != bit(ref, t)) { fprintf(stderr, "  budget %d token %d: mask %d ref %d (after %d)\n", budget, t, bit(bm, t), bit(ref, t), after[t]); break; }
+            }
+            CHECK_MSG(cb > 0, "budgeted mask empty at step %d of %d (min completion %d): %s", n, B, cb_matcher_min_completion(m), grammar);
+            CHECK(cb == popcount_words(bm, words));
+            int sub = 1;
+            for (int i = 0; i < words; i++) if (bm[i] & ~um[i]) sub = 0;
+            CHECK(sub);
+            if (cb < cu) cut++;
+            /* the cached budgeted mask comes back unchanged; a huge budget is no budget */
+            CHECK(cb_matcher_fill_mask_budget(m, again, budget) == cb && memcmp(again, bm, (size_t)words * 4) == 0);
+            CHECK(cb_matcher_fill_mask_budget(m, again, 1 << 20) == cu && memcmp(again, um, (size_t)words * 4) == 0);
+            if (cb <= 0) break;
+            /* adversary: the longest completion after the token; ties random; EOG last */
+            int random_pick = (w & 1) && rnd() % 3 == 0;
+            int pick = -1, best = -1, nbest = 0;
+            for (int t = 0; t < nv; t++) {
+                if (!bit(bm, t) || t == tok_eog) continue;
+                int v = random_pick ? 0 : after[t];
+                if (v > best) { best = v; pick = t; nbest = 1; }
+                else if (v == best && rnd() % (uint32_t)(++nbest) == 0) pick = t;
+            }
+            if (pick < 0) pick = tok_eog;
+            CHECK(cb_matcher_accept(m, pick) == CB_OK);
+            if (pick == tok_eog) { ended = 1; break; }
+            n++;
+            int mc = cb_matcher_min_completion(m);
+            if (mc > max_mc) max_mc = mc;
+            CHECK_MSG(mc <= B - n, "completion %d after %d of %d tokens", mc, n, B);
+        }
+        if (!ended) {
+            /* out of tokens: the text must be complete and EOG allowed */
+            if (!cb_matcher_is_accepting(m)) unfinished++;
+            CHECK(cb_matcher_fill_mask_budget(m, bm, 0) > 0 && bit(bm, tok_eog));
+            CHECK(cb_matcher_accept(m, tok_eog) == CB_OK);
+        }
+        cb_matcher_stats s1;
+        cb_matcher_get_stats(m, &s1);
+        st.budget_walks += s1.budget_walks;
+        cb_matcher_free(m);
+    }
+    CHECK_MSG(mismatches == 0, "%d of %d budgeted masks differ from the reference: %s", mismatches, steps, grammar);
+    CHECK_MSG(unfinished == 0, "%d of %d walks ran out of budget unfinished: %s", unfinished, n_walks, grammar);
+    /* the walks did exercise the budget (else this test proves nothing) */
+    CHECK_MSG(cut > 0 && st.budget_walks > 0, "no mask was cut by the budget (%d cut, %llu walks): %s",
+              cut, (unsigned long long)st.budget_walks, grammar);
+    (void)max_mc;
+    cb_grammar_free(g);
+}
+
+static void test_budgets(void) {
+    budget_walks(JSON_GBNF, 12, 30);
+    budget_walks(UNBOUNDED_ARRAYS, 12, 30);
+    budget_walks(RECURSIVE_OBJECTS, 8, 40);
+    budget_walks(MULTIBYTE, 12, 20);
+    budget_walks("root ::= p\np ::= \"(\" p \")\" p | \"a\" | \"\"", 12, 25);
+    budget_walks("root ::= [a-b]{0,6000} \"!\"", 4, 3);
+
+    /* budgets across a state-pool collection: reference masks stay equal */
+    cb_grammar *g = compile_ok("root ::= [a-b]{0,6000} (\"!\" | \"\xe6\x97\xa5\xe6\x9c\xac\")");
+    if (g) {
+        cb_matcher *m;
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        uint32_t bm[(MAXTOK + 31) / 32], ref[(MAXTOK + 31) / 32];
+        int after[MAXTOK], ok = 1, bad = 0;
+        for (int i = 0; i < 5000 && ok; i++) {
+            ok = cb_matcher_accept(m, (i % 3) ? 'a' : 'b') == CB_OK;
+            int budget = i % 4;
+            int c = cb_matcher_fill_mask_budget(m, bm, budget);
+            if (i % 499 == 0) {
+                int cr = reference_budget_mask(m, budget, ref, after);
+                if (c != cr || memcmp(bm, ref, (size_t)((nv + 31) / 32) * 4) != 0) bad++;
+            }
+        }
+        CHECK(ok && bad == 0);
+        cb_matcher_stats st;
+        cb_matcher_get_stats(m, &st);
+        CHECK_MSG(st.gcs > 0, "expected state-pool collections, got %llu", (unsigned long long)st.gcs);
+        cb_matcher_free(m);
+        cb_grammar_free(g);
+    }
+}
+
 /* ------------------------------------------------------------ benchmark */
 #ifndef CB_GRAMMAR_STANDALONE  /* standalone builds (grammar.c only) skip the model bench */
 
@@ -475,7 +806,10 @@ static void test_bounds(void) {
  * vocabulary (at each step: time fill_mask, then take the longest allowed
  * token that is a prefix of the rest of the document) and prints
  * p50 / p90 / p99 / max microseconds per mask.  Checks that the walk
- * completes and ends accepting. */
+ * completes and ends accepting.  Three passes: no budget; a loose budget
+ * (4096 - tokens so far: what a max_tokens of 4096 gives, served from the
+ * unbudgeted mask); a tight one (shortest completion + 2: the budget binds
+ * at every step, the pruned walk runs unless the state repeats). */
 #include <time.h>
 
 static double now_us(void) {
@@ -513,22 +847,32 @@ static void bench(const char *path) {
     CHECK_MSG(rc == CB_OK, "compile: %s", err);
     if (rc) { cb_model_free(model); return; }
     int nvoc = info.n_vocab, words = (nvoc + 31) / 32;
-    uint32_t *mask = malloc((size_t)words * 4);
+    uint32_t *mask = malloc((size_t)words * 4), *bmask = malloc((size_t)words * 4);
     double *times = malloc(100000 * sizeof *times);
-    int nt = 0, total_allowed = 0;
+    static const char *mode_name[3] = {"no budget", "loose budget", "tight budget"};
+    for (int mode = 0; mode < 3; mode++) {
+    int nt = 0, total_allowed = 0, total_bud = 0;
+    unsigned long long walks = 0;
     cb_matcher *m = NULL;
     for (int rep = 0; rep < 3; rep++)
     for (size_t d = 0; d < sizeof docs / sizeof *docs; d++) {
         CHECK(cb_matcher_new(g, &m) == CB_OK);
         const char *doc = docs[d];
         size_t pos = 0, n = strlen(doc);
-        int ok = 1;
+        int ok = 1, steps = 0;
         while (pos < n && ok) {
+            int budget = mode == 1 ? 4096 - steps : cb_matcher_min_completion(m) + 2;
             double a = now_us();
-            int c = cb_matcher_fill_mask(m, mask);
+            int c = mode == 0 ? cb_matcher_fill_mask(m, mask) : cb_matcher_fill_mask_budget(m, bmask, budget);
             double b = now_us();
             if (nt < 100000) times[nt++] = b - a;
+            if (mode) {
+                CHECK(c > 0);
+                total_bud += c;
+                c = cb_matcher_fill_mask(m, mask);  /* the document's token may be out of a tight budget: choose from all */
+            }
             total_allowed += c;
+            steps++;
             int best = -1;
             size_t best_len = 0;
             for (int t = 0; t < nvoc; t++) {
@@ -542,9 +886,10 @@ static void bench(const char *path) {
             pos += best_len;
         }
         CHECK_MSG(ok && cb_matcher_is_accepting(m), "doc %zu stuck at byte %zu", d, pos);
-        if (rep == 0 && d == 0) {
-            cb_matcher_stats st;
-            cb_matcher_get_stats(m, &st);
+        cb_matcher_stats st;
+        cb_matcher_get_stats(m, &st);
+        walks += st.budget_walks;
+        if (rep == 0 && d == 0 && mode == 0) {
             printf("bench: trie nodes %u, first doc: %llu masks, %llu cache hits, %llu nodes walked, %llu transitions\n",
                    st.trie_size, (unsigned long long)st.mask_calls, (unsigned long long)st.mask_cache_hits,
                    (unsigned long long)st.trie_nodes, (unsigned long long)st.transitions);
@@ -554,8 +899,12 @@ static void bench(const char *path) {
     }
     qsort(times, (size_t)nt, sizeof *times, dcmp);
     if (nt)
-        printf("bench: vocab %d, compile %.1f ms, %d masks: p50 %.2f us, p90 %.2f us, p99 %.2f us, max %.1f us, mean allowed %d\n",
-               nvoc, tc / 1e3, nt, times[nt / 2], times[nt * 9 / 10], times[nt * 99 / 100], times[nt - 1], total_allowed / nt);
+        printf("bench [%s]: vocab %d, compile %.1f ms, %d masks: p50 %.2f us, p90 %.2f us, p99 %.2f us, max %.1f us, mean allowed %d",
+               mode_name[mode], nvoc, tc / 1e3, nt, times[nt / 2], times[nt * 9 / 10], times[nt * 99 / 100], times[nt - 1], total_allowed / nt);
+    if (nt && mode) printf(", within budget %d, pruned walks %llu", total_bud / nt, walks);
+    if (nt) printf("\n");
+    }
+    free(bmask);
     free(mask);
     free(times);
     cb_grammar_free(g);
@@ -570,6 +919,8 @@ int main(void) {
     test_masks();
     test_rollback_forced();
     test_bounds();
+    test_min_completion();
+    test_budgets();
 #ifndef CB_GRAMMAR_STANDALONE
     const char *bp = getenv("CB_GRAMMAR_BENCH_GGUF");
     if (bp && *bp) bench(bp);

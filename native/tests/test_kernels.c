@@ -321,6 +321,54 @@ static void test_matmul_shape(const cb_kernels *k, int type, int n_out, int n_in
     free(w); free(wf); free(x); free(y); free(y1); free(y2); free(wd); free(xd); free(xq); free(scratch);
 }
 
+/* cb_matmul_multi: n_w weights of mixed types and sizes (sharing n_in) in
+ * one run give, for each weight, exactly cb_matmul's bits at 1..3 threads,
+ * including more weights than one run takes (the call splits) and a weight
+ * with no rows.  References are separate single-thread cb_matmul calls. */
+static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
+    enum { NW = CB_MATMUL_MULTI_MAX + 3 };
+    cb_weight wt[NW];
+    const cb_weight *wp[NW];
+    float *yref[NW], *ymul[NW];
+    uint8_t *wdata[NW];
+    float *wf = malloc(sizeof(float) * n_in);
+    float *x = malloc(sizeof(float) * n_in * n_rows);
+    void *scratch = aligned_alloc(64, cb_matmul_scratch(n_in, n_rows));
+    for (int i = 0; i < n_in * n_rows; i++) x[i] = rnd_f() * 3.0f;
+    for (int i = 0; i < NW; i++) {
+        const int type = types[i % N_TYPES];
+        const int n_out = i == 4 ? 0 : 3 + (int)(rnd_u32() % 90);  /* weight 4 has no rows */
+        const size_t rb = ref_row_bytes(type, n_in);
+        wdata[i] = malloc(rb * (size_t)(n_out > 0 ? n_out : 1));
+        for (int o = 0; o < n_out; o++) {
+            for (int j = 0; j < n_in; j++) wf[j] = rnd_f() + (o % 3) * 0.3f;
+            ref_quantize_row(type, wf, n_in, wdata[i] + rb * o);
+        }
+        wt[i].type = type; wt[i].n_in = n_in; wt[i].n_out = n_out; wt[i].data = wdata[i];
+        wt[i].row_bytes = cb_type_size(type, n_in);
+        wp[i] = &wt[i];
+        yref[i] = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * n_rows);
+        ymul[i] = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * n_rows);
+        cb_matmul(NULL, k, &wt[i], x, n_rows, yref[i], scratch);
+    }
+    for (int nth = 1; nth <= 3; nth++) {
+        cb_pool *pool = cb_pool_new(nth);
+        CHECK(pool != NULL);
+        for (int nw = 1; nw <= NW; nw += (nw < 3 ? 1 : 4)) {
+            for (int i = 0; i < nw; i++) memset(ymul[i], 0xFF, sizeof(float) * (size_t)wt[i].n_out * n_rows);
+            cb_matmul_multi(pool, k, wp, nw, x, n_rows, ymul, scratch);
+            int diff = 0;
+            for (int i = 0; i < nw; i++)
+                if (memcmp(ymul[i], yref[i], sizeof(float) * (size_t)wt[i].n_out * n_rows) != 0) diff++;
+            CHECK_MSG(diff == 0, "%s multi n_in=%d rows=%d nth=%d n_w=%d: %d outputs differ from cb_matmul",
+                      cb_simd_name(k->simd), n_in, n_rows, nth, nw, diff);
+        }
+        cb_pool_free(pool);
+    }
+    for (int i = 0; i < NW; i++) { free(wdata[i]); free(yref[i]); free(ymul[i]); }
+    free(wf); free(x); free(scratch);
+}
+
 static void test_float_helpers(const cb_kernels *k) {
     enum { N = 67 };
     float a[N], b[N], y[N], y0[N];
@@ -413,6 +461,13 @@ int main(void) {
         test_matmul_shape(k, CB_TYPE_Q4_0, 6, 1536, 12);
         test_matmul_shape(k, CB_TYPE_Q4_1, 5, 1536, 90);
         test_matmul_shape(k, CB_TYPE_Q4_1, 3, 32 * 4100, 2);
+    }
+    for (int s = CB_SIMD_SCALAR; s <= CB_SIMD_AVX512; s++) {
+        const cb_kernels *k = cb_kernels_get(s);
+        if (!k) continue;
+        test_matmul_multi(k, 576, 1);    /* decode: thread-local quantization */
+        test_matmul_multi(k, 576, 7);
+        test_matmul_multi(k, 96, 300);   /* shared scratch quantized by a pool run */
     }
     return cb_test_report("test_kernels");
 }
