@@ -141,6 +141,8 @@ cdef extern from "colibri.h" nogil:
         int draft_accepted_source[4]
         int draft_n_pos[16]
         int draft_accepted_pos[16]
+        int64_t experts_routed
+        int experts_unique
         double grammar_mask_us
         int slot, finish_reason, stop_offset
     ctypedef struct cb_event:
@@ -556,7 +558,8 @@ cdef dict _metrics_dict(const cb_request_metrics *m):
         prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens, completion_tokens=m.completion_tokens,
         queue_ms=m.queue_ms, ttft_ms=m.ttft_ms, prefill_ms=m.prefill_ms, decode_ms=m.decode_ms, e2e_ms=m.e2e_ms,
         tpot_ms=m.tpot_ms, decode_tok_s=m.decode_tok_s, draft_n=m.draft_n, draft_accepted=m.draft_accepted,
-        grammar_mask_us=m.grammar_mask_us, slot=m.slot, finish_reason=cb_finish_str(m.finish_reason).decode(),
+        grammar_mask_us=m.grammar_mask_us, experts_routed=m.experts_routed, experts_unique=m.experts_unique,
+        slot=m.slot, finish_reason=cb_finish_str(m.finish_reason).decode(),
         stop_offset=m.stop_offset)
 
 

@@ -103,37 +103,53 @@ def throughput_vs_concurrency(df, x: str = "concurrency", by: str | None = None,
 
 
 def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
-    """Draft acceptance rate by draft position (1 = first drafted token).
+    """Draft acceptance rate by draft position (1 = first drafted token), one
+    bar group per position, one bar per group (variant), each bar labelled
+    with the number of drafts tried there.
 
-    `df` is long-form: columns position, drafted, accepted [, variant] (counts
-    summed per position, as vLLM's spec_decode_num_accepted_tokens_per_pos)."""
-    fig, ax = _axes(ax)
+    `df` is either the request table (or Results) with the runner's
+    draft_n_pos_<i> / draft_accepted_pos_<i> columns (the engine's
+    draft_n_by_pos / draft_accepted_by_pos metrics), or long-form with columns
+    position, drafted, accepted [, variant] (counts summed per position, as
+    vLLM's spec_decode_num_accepted_tokens_per_pos)."""
+    from colibri_lab.experiments.results import POS_PREFIXES
+    from colibri_lab.experiments.stats import acceptance_by_position as _table
+
+    df = _requests(df)
     need = {"position", "drafted", "accepted"}
     if not need <= set(df.columns):
-        raise ValueError(f"acceptance_by_position needs columns {sorted(need)}, got {list(df.columns)}")
+        if any(c.startswith(POS_PREFIXES[0]) for c in df.columns):
+            df = _table(df, by=by)
+        else:
+            raise ValueError(f"acceptance_by_position needs columns {sorted(need)} or the request table's "
+                             f"draft_n_pos_<i> columns, got {list(df.columns)}")
+    fig, ax = _axes(ax)
     groups = _groups(df, by)
     width = 0.8 / max(1, len(groups))
     for i, (name, g) in enumerate(groups):
         s = g.groupby("position")[["drafted", "accepted"]].sum().sort_index()
         rate = s["accepted"] / s["drafted"].where(s["drafted"] > 0)
         ax.bar(s.index.to_numpy(float) + (i - (len(groups) - 1) / 2) * width, rate.to_numpy(), width=width,
-               label=str(name))
+               label=f"{name} ({int(s['drafted'].sum())} drafted)")
+    if len(df):
+        ax.set_xticks(sorted(pd.unique(df["position"])))
     ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate")
+    ax.set_ylabel("acceptance rate (accepted / drafted there)")
     ax.set_ylim(0, 1.05)
     ax.set_title("Acceptance by draft position")
     ax.grid(alpha=0.3, axis="y")
-    if by:
+    if by and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
     return fig
 
 
 def grammar_mask_per_token(df, by: str | None = "variant", ax=None) -> Figure:
-    """Distribution (CDF) of grammar mask time per generated token, in µs
-    (grammar_mask_us / completion_tokens per request)."""
+    """Distribution (CDF) over requests of the grammar mask time per token, in
+    µs: the engine's grammar_mask_us is already the mean time of one mask
+    (one mask per sampled position).  Requests without a grammar (0) are left out."""
     df = _ok(_requests(df))
-    d = df[(df["completion_tokens"] > 0)].copy()
-    d["mask_us_per_token"] = d["grammar_mask_us"].astype(float) / d["completion_tokens"].astype(float)
+    d = df[(df["completion_tokens"] > 0) & (df["grammar_mask_us"].astype(float) > 0)].copy()
+    d["mask_us_per_token"] = d["grammar_mask_us"].astype(float)
     fig = latency_cdf(d, "mask_us_per_token", by=by, ax=ax)
     fig.axes[0].set_xlabel("grammar mask time per token (µs)")
     fig.axes[0].set_title("Grammar mask cost per token")
@@ -205,4 +221,22 @@ def ratio_forest(comparisons: pd.DataFrame | Sequence[dict], ax=None) -> Figure:
     ax.set_yticklabels([f"{r.variant} / {r.baseline}: {r.metric} ({r.verdict})" for r in c.itertuples()])
     ax.set_xlabel("ratio (variant / baseline)")
     ax.set_title("Paired ratios with bootstrap intervals")
+    return fig
+
+
+def expert_heatmap(counts, ax=None, normalize: bool = True) -> Figure:
+    """MoE expert heat: layers x experts, from Engine.core.expert_counts() or
+    the server's /experts counts.  normalize=True shows each layer's share."""
+    c = np.asarray(counts, dtype=float)
+    if c.ndim != 2 or c.shape[1] == 0:
+        raise ValueError("expert_heatmap needs a [n_layer, n_expert] array of counts (dense models have none)")
+    if normalize:
+        tot = c.sum(axis=1, keepdims=True)
+        c = np.divide(c, tot, out=np.zeros_like(c), where=tot > 0)
+    fig, ax = _axes(ax, figsize=(max(4.0, 0.25 * c.shape[1] + 2), max(3.0, 0.3 * c.shape[0] + 1.5)))
+    im = ax.imshow(c, aspect="auto", cmap="magma", interpolation="nearest")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    ax.set_title("expert heat" + (" (share of each layer's routings)" if normalize else " (routings)"))
+    fig.colorbar(im, ax=ax)
     return fig

@@ -51,8 +51,7 @@ def _engine(w, simd, n_slots, n_threads=1):
 
 
 def _need_experts_api(e):
-    if not hasattr(e, "route_trace") or "experts_unique" not in e.last_step():
-        pytest.skip("binding lacks the experts API block (issue 8 report)")
+    assert hasattr(e, "route_trace") and "experts_unique" in e.last_step(), "binding lacks the experts API"
 
 
 def run(e, prompts, max_tokens):

@@ -23,6 +23,9 @@ from colibri_lab.experiments.spec import (  # noqa: F401
     sweep,
 )
 from colibri_lab.experiments.stats import (  # noqa: F401
+    acceptance_by_position,
+    acceptance_by_source,
+    json_validity,
     block_throughput,
     bootstrap_ci,
     compare,

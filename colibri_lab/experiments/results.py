@@ -32,6 +32,11 @@ METRIC_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "queue_
                   "decode_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "draft_n", "draft_accepted", "accept_rate",
                   "accept_len_mean", "grammar_mask_us", "finish_reason", "slot"]
 TAIL_COLUMNS = ["prompt_hash", "output_hash", "output_tokens", "output_text", "error"]
+# Per-request list / dict metrics flattened to scalar columns (see list_metric_columns):
+#   draft_n_pos_<i>, draft_accepted_pos_<i>   proposals / acceptances at draft position i (1-based)
+#   draft_n_src_<s>, draft_accepted_src_<s>   proposals / acceptances by draft source s
+POS_PREFIXES = ("draft_n_pos_", "draft_accepted_pos_")
+SRC_PREFIXES = ("draft_n_src_", "draft_accepted_src_")
 STEP_COLUMNS = ["experiment", "variant", "repeat", "block", "step", "rows_decode", "rows_prefill", "n_running",
                 "step_ms", "matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms",
                 "other_ms", "t_rel_s"]
@@ -42,6 +47,36 @@ def _order(df: pd.DataFrame, lead: list[str], tail: list[str] = ()) -> pd.DataFr
     last = [c for c in tail if c in df.columns and c not in first]
     mid = [c for c in df.columns if c not in first and c not in last]
     return df[first + mid + last]
+
+
+def list_metric_columns(m: dict) -> dict:
+    """The list / dict metrics of one request as scalar columns, so that the
+    request table stays flat (one CSV cell per value, no per-token dumps):
+    draft_n_by_pos / draft_accepted_by_pos (lists, index 0 = first drafted
+    token) -> draft_n_pos_1.., draft_accepted_pos_1..; draft_n_by_source /
+    draft_accepted_by_source (dicts) -> draft_n_src_<source>, draft_accepted_src_<source>.
+    Positions never tried and sources never used give no column (filled with 0
+    by Results.from_rows when another request has them)."""
+    out: dict[str, int] = {}
+    n_pos = list(m.get("draft_n_by_pos") or [])
+    a_pos = list(m.get("draft_accepted_by_pos") or [])
+    for i, n in enumerate(n_pos):
+        out[f"draft_n_pos_{i + 1}"] = int(n)
+        out[f"draft_accepted_pos_{i + 1}"] = int(a_pos[i]) if i < len(a_pos) else 0
+    n_src = m.get("draft_n_by_source") or {}
+    a_src = m.get("draft_accepted_by_source") or {}
+    for s, n in n_src.items():
+        out[f"draft_n_src_{s}"] = int(n)
+        out[f"draft_accepted_src_{s}"] = int(a_src.get(s, 0))
+    return out
+
+
+def _count_columns(cols) -> list[str]:
+    """The flattened per-position / per-source count columns, positions in numeric order."""
+    pos = [c for c in cols if c.startswith(POS_PREFIXES)]
+    pos.sort(key=lambda c: (int(c.rsplit("_", 1)[1]), c.startswith("draft_accepted")))
+    src = sorted(c for c in cols if c.startswith(SRC_PREFIXES))
+    return pos + src
 
 
 def _tidy(df: pd.DataFrame) -> pd.DataFrame:
@@ -68,7 +103,10 @@ class Results:
     def from_rows(cls, rows: list[dict], steps: list[dict], meta: dict) -> "Results":
         req = pd.DataFrame(rows)
         if len(req):
-            req = _order(req, ID_COLUMNS + METRIC_COLUMNS, TAIL_COLUMNS)
+            counts = _count_columns(req.columns)
+            if counts:  # a request that never drafted at position i drafted 0 there
+                req[counts] = req[counts].fillna(0).astype("int64")
+            req = _order(req, ID_COLUMNS + METRIC_COLUMNS + counts, TAIL_COLUMNS)
         else:
             req = pd.DataFrame(columns=ID_COLUMNS + METRIC_COLUMNS + TAIL_COLUMNS)
         st = pd.DataFrame(steps)

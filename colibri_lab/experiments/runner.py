@@ -19,11 +19,19 @@ arrivals); the main thread only waits, collects rows, updates the progress bar
 and calls `on_row`, so a KeyboardInterrupt (Ctrl-C, Jupyter's stop button)
 lands there: in-flight requests are cancelled and the rows finished so far are
 returned, with meta["interrupted"] = True.
+
+Backends: by default everything runs in this process.  `backend=` (a dask
+Client, a scheduler address, "local" / "local:N", or a DaskBackend) runs the
+same procedure as tasks on a Dask cluster instead - see
+colibri_lab.experiments.distributed and docs/distributed.md.  Every row carries
+the machine it ran on (worker, hostname, cpu_model, simd) and its shard of the
+workload (0 in-process), so the table has the same columns on every backend.
 """
 from __future__ import annotations
 
 import hashlib
 import queue
+import socket
 import threading
 import time
 from typing import Any, Callable
@@ -31,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from colibri_lab.errors import ContextLengthExceededError, InvalidRequestError
-from colibri_lab.experiments.results import Results, collect_metadata, engine_metadata
+from colibri_lab.experiments.results import Results, collect_metadata, cpu_model, engine_metadata, list_metric_columns
 from colibri_lab.experiments.spec import ExperimentSpec, Variant, load_spec
 from colibri_lab.experiments.workloads import Item, Workload, load_workload
 
@@ -76,6 +84,19 @@ def _clear_cache(eng) -> None:
         pins.clear()
 
 
+INPROCESS = "inprocess"   # the worker column of rows run in this process
+
+
+def machine_columns(eng, worker: str) -> dict:
+    """Columns naming where a row ran: the worker (a Dask worker address, or
+    "inprocess"), the host, its CPU model and the SIMD path the engine used."""
+    try:
+        simd = str(eng.params.get("simd", ""))
+    except Exception:
+        simd = ""
+    return {"worker": worker, "hostname": socket.gethostname(), "cpu_model": cpu_model(), "simd": simd}
+
+
 def _fatal(exc: BaseException) -> bool:
     """A rejected setting (InvalidRequestError, at submit or when the request
     reaches the engine) makes every request of the variant wrong: stop the run.
@@ -93,13 +114,19 @@ class Runner:
     engine_factory(settings) -> Engine: how engines are built (tests inject).
     keep_engines: do not close the engines at the end (reuse them for another
       run through `engines=`); the caller closes them.
+    backend: None / "inprocess" (default: this process, as always), or a Dask
+      backend: a distributed.Client, a scheduler address "tcp://host:8786",
+      "local" / "local:N" (start a LocalCluster with N worker processes) or a
+      colibri_lab.experiments.distributed.DaskBackend (shards=, retries=).
+      None also honours a default set by `with distributed.use_backend(...)`.
     """
 
     def __init__(self, spec: ExperimentSpec, *, progress: bool = True,
                  on_row: Callable[[dict, list], None] | None = None,
                  engine_factory: Callable[[dict], Any] | None = None,
-                 engines: dict | None = None, keep_engines: bool = False):
+                 engines: dict | None = None, keep_engines: bool = False, backend: Any = None):
         self.spec = spec
+        self.backend = backend
         self.progress = progress
         self.on_row = on_row
         self.engine_factory = engine_factory or _default_engine_factory
@@ -135,6 +162,11 @@ class Runner:
 
     # ---------------------------------------------------------------- run
     def run(self) -> Results:
+        from colibri_lab.experiments import distributed  # no dask import unless a Dask backend is used
+
+        backend = self.backend if self.backend is not None else distributed.default_backend()
+        if backend is not None and not (isinstance(backend, str) and backend == INPROCESS):
+            return distributed.run_distributed(self, backend)
         spec, wl = self.spec, self.workload
         order = block_order([v.name for v in self.variants], spec.repeats)
         by_name = {v.name: v for v in self.variants}
@@ -154,7 +186,8 @@ class Runner:
                     engines_meta[vname] = engine_metadata(eng)
                 if bar is not None:
                     bar.set_description(f"{vname} r{rep}")
-                brows, bsteps, binfo, stop = self._run_block(eng, v, rep, block_i, rows, bar)
+                extra = dict(machine_columns(eng, INPROCESS), shard=0)
+                brows, bsteps, binfo, stop = self._run_block(eng, v, rep, block_i, rows, bar, extra=extra)
                 rows += brows
                 steps += bsteps
                 blocks.append(binfo)
@@ -170,7 +203,7 @@ class Runner:
                 self.close()
         meta = collect_metadata(spec, self.variants, engines_meta)
         meta.update(blocks=blocks, interrupted=interrupted, started=started, finished=time.time(),
-                    workload_items=len(wl), workload_requests=wl.n_requests)
+                    workload_items=len(wl), workload_requests=wl.n_requests, backend={"kind": INPROCESS})
         return Results.from_rows(rows, steps, meta)
 
     def _make_bar(self, total: int):
@@ -191,8 +224,11 @@ class Runner:
         kw["seed"] = seed
         return kw
 
-    def _run_block(self, eng, v: Variant, rep: int, block_i: int, rows_so_far: list, bar):
-        """One pass of the workload through variant v.  Returns
+    def _run_block(self, eng, v: Variant, rep: int, block_i: int, rows_so_far: list, bar,
+                   jobs: list[tuple[int, Item]] | None = None, extra: dict | None = None):
+        """One pass of the workload - or of `jobs`, a list of (item index, item):
+        one shard of it - through variant v; the `extra` columns go on every
+        row (shard and worker also on steps and the block info).  Returns
         (rows, steps, block info, interrupted?)."""
         spec, wl = self.spec, self.workload
         arrival = v.arrival_obj()
@@ -200,7 +236,9 @@ class Runner:
             _clear_cache(eng)
         log = eng.scheduler.step_log
         last_step = log[-1]["step"] if log else -1
-        jobs = list(enumerate(wl.items))
+        jobs = list(enumerate(wl.items)) if jobs is None else list(jobs)
+        extra = dict(extra or {})
+        where = {k: extra[k] for k in ("shard", "worker") if k in extra}
         release = arrival.start_times(len(jobs))
         n_workers = arrival.workers(len(jobs))
         stop = threading.Event()
@@ -211,7 +249,7 @@ class Runner:
         t0 = time.perf_counter()
         wall0 = time.time()
         base = dict(experiment=spec.name, variant=v.name, repeat=rep, block=block_i, workload=wl.name,
-                    concurrency=arrival.concurrency, arrival=arrival.label())
+                    concurrency=arrival.concurrency, arrival=arrival.label(), **extra)
 
         def worker(client: int) -> None:
             while not stop.is_set():
@@ -287,9 +325,9 @@ class Runner:
             if s["step"] > last_step:
                 d = dict(s)
                 d["t_rel_s"] = d.pop("t", wall0) - wall0
-                d.update(experiment=spec.name, variant=v.name, repeat=rep, block=block_i)
+                d.update(experiment=spec.name, variant=v.name, repeat=rep, block=block_i, **where)
                 bsteps.append(d)
-        info = dict(block=block_i, variant=v.name, repeat=rep, t_start=wall0, wall_s=wall_s,
+        info = dict(block=block_i, variant=v.name, repeat=rep, **where, t_start=wall0, wall_s=wall_s,
                     n_requests=len(brows), n_steps=len(bsteps),
                     completion_tokens=int(sum(r.get("completion_tokens", 0) or 0 for r in brows)))
         return brows, bsteps, info, interrupted
@@ -332,6 +370,7 @@ class Runner:
         for k, val in m.items():
             if isinstance(val, (int, float, str, bool, np.integer, np.floating)) or val is None:
                 row[k] = val
+        row.update(list_metric_columns(m))  # per-position / per-source draft counts as flat columns
         dn, da = m.get("draft_n", 0) or 0, m.get("draft_accepted", 0) or 0
         row["accept_rate"] = da / dn if dn else float("nan")
         sp = v.request.get("speculative")
@@ -346,7 +385,7 @@ class Runner:
 
 
 def run(spec: ExperimentSpec, **kw) -> Results:
-    """Run a spec (Runner keywords: progress, on_row, engine_factory, engines, keep_engines)."""
+    """Run a spec (Runner keywords: progress, on_row, engine_factory, engines, keep_engines, backend)."""
     return Runner(spec, **kw).run()
 
 

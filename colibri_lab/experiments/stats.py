@@ -234,3 +234,98 @@ def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_
             rec["errors"] = int((df.loc[df["variant"] == v, "error"].fillna("") != "").sum())
         rows.append(rec)
     return pd.DataFrame(rows).set_index("variant")
+
+
+# ------------------------------------------------------------ speculation
+def acceptance_by_position(df: pd.DataFrame, by: str | Sequence[str] | None = "variant") -> pd.DataFrame:
+    """Long-form acceptance by draft position from the request table's
+    draft_n_pos_<i> / draft_accepted_pos_<i> columns (the engine's
+    draft_n_by_pos / draft_accepted_by_pos lists, flattened by the runner):
+    one row per (group, position) with drafted and accepted summed over
+    requests and accept_rate = accepted / drafted (vLLM's
+    spec_decode_num_accepted_tokens_per_pos over its draft tokens).
+    Positions are 1-based; positions never drafted are left out."""
+    from colibri_lab.experiments.results import POS_PREFIXES
+
+    by = [] if by is None else [by] if isinstance(by, str) else list(by)
+    by = [c for c in by if c in df.columns]
+    if "error" in df.columns:
+        df = df[df["error"].fillna("") == ""]
+    n_cols = sorted((c for c in df.columns if c.startswith(POS_PREFIXES[0])), key=lambda c: int(c.rsplit("_", 1)[1]))
+    out = []
+    groups = df.groupby(by, sort=False) if by else [((), df)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        for c in n_cols:
+            i = int(c.rsplit("_", 1)[1])
+            a = f"{POS_PREFIXES[1]}{i}"
+            drafted = int(pd.to_numeric(g[c], errors="coerce").fillna(0).sum())
+            if drafted == 0:
+                continue
+            accepted = int(pd.to_numeric(g[a], errors="coerce").fillna(0).sum()) if a in g else 0
+            out.append({**dict(zip(by, key)), "position": i, "drafted": drafted, "accepted": accepted,
+                        "accept_rate": accepted / drafted})
+    return pd.DataFrame(out, columns=by + ["position", "drafted", "accepted", "accept_rate"])
+
+
+def acceptance_by_source(df: pd.DataFrame, by: str | Sequence[str] | None = "variant") -> pd.DataFrame:
+    """Drafted / accepted tokens per draft source (draft_n_src_<s> columns),
+    summed per group, with accept_rate."""
+    from colibri_lab.experiments.results import SRC_PREFIXES
+
+    by = [] if by is None else [by] if isinstance(by, str) else list(by)
+    by = [c for c in by if c in df.columns]
+    srcs = [c[len(SRC_PREFIXES[0]):] for c in df.columns if c.startswith(SRC_PREFIXES[0])]
+    out = []
+    groups = df.groupby(by, sort=False) if by else [((), df)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        for s in srcs:
+            drafted = int(g[SRC_PREFIXES[0] + s].fillna(0).sum())
+            accepted = int(g.get(SRC_PREFIXES[1] + s, pd.Series(0, index=g.index)).fillna(0).sum())
+            out.append({**dict(zip(by, key)), "source": s, "drafted": drafted, "accepted": accepted,
+                        "accept_rate": accepted / drafted if drafted else float("nan")})
+    return pd.DataFrame(out, columns=by + ["source", "drafted", "accepted", "accept_rate"])
+
+
+# ------------------------------------------------------------ grammar
+def json_validity(df: pd.DataFrame, workload, column: str = "output_text") -> pd.DataFrame:
+    """Parse every output as JSON and validate it against its workload item's
+    JSON Schema (jsonschema's Draft 2020-12 validator with format checking).
+    Returns the request table's key columns plus parses (bool), valid (bool)
+    and problem (the first error, "" when valid).  Items without a schema give
+    valid = parses.  Needs the optional `jsonschema` package."""
+    import json
+
+    import jsonschema
+
+    from colibri_lab.experiments.workloads import load_workload
+
+    wl = load_workload(workload) if not hasattr(workload, "items") else workload
+    schemas = {it.id: it.schema for it in wl.items}
+    fmt = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    validators: dict[str, jsonschema.Draft202012Validator] = {}
+    recs = []
+    for r in df.itertuples(index=False):
+        pid = str(r.prompt_id)
+        text = getattr(r, column)
+        parses, valid, problem = False, False, ""
+        try:
+            obj = json.loads(text)
+            parses = True
+        except (TypeError, ValueError) as exc:
+            problem = f"not JSON: {exc}"
+        if parses:
+            schema = schemas.get(pid)
+            if schema is None:
+                valid = True
+            else:
+                if pid not in validators:
+                    jsonschema.Draft202012Validator.check_schema(schema)
+                    validators[pid] = jsonschema.Draft202012Validator(schema, format_checker=fmt)
+                err = jsonschema.exceptions.best_match(validators[pid].iter_errors(obj))
+                valid = err is None
+                problem = "" if valid else f"invalid: {err.message}"
+        recs.append({"variant": r.variant, "repeat": r.repeat, "prompt_id": pid, "parses": parses,
+                     "valid": valid, "problem": problem})
+    return pd.DataFrame(recs, columns=["variant", "repeat", "prompt_id", "parses", "valid", "problem"])

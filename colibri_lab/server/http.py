@@ -73,9 +73,19 @@ def _profile(ctx, _):
 
 
 def _experts(ctx, _):
-    info = ctx.engine.info if ctx.engine is not None else {}
+    """Per-layer expert heat over the engine's life (routing counts); a dense model says so."""
+    eng = ctx.engine
+    info = eng.info if eng is not None else {}
     n_expert = int(info.get("n_expert", 0) or 0)
-    ctx.send_json(200, {"object": "experts", "moe": n_expert > 0, "n_expert": n_expert, "layers": []})
+    layers = []
+    if n_expert > 0 and eng.scheduler is not None:
+        counts = eng.scheduler.call(lambda core: core.expert_counts())
+        for layer, row in enumerate(counts.tolist()):
+            total = sum(row)
+            layers.append({"layer": layer, "counts": row, "total": total,
+                           "hottest": max(range(n_expert), key=row.__getitem__) if total else None})
+    ctx.send_json(200, {"object": "experts", "moe": n_expert > 0, "n_expert": n_expert,
+                        "n_expert_used": int(info.get("n_expert_used", 0) or 0), "layers": layers})
 
 
 ROUTES = {

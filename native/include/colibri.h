@@ -206,8 +206,11 @@ int  cb_matcher_forced_bytes(const cb_matcher *m, uint8_t *out, int cap);
  * the tokens after this one, each at least one byte).  With budget >= the
  * shortest completion of the current state this never empties the mask
  * (single-byte tokens can always follow a shortest completion: true of
- * byte-level BPE vocabularies, see grammar.c).  A negative budget means
- * unlimited (same as cb_matcher_fill_mask), as does one >= 2^30 - 1. */
+ * byte-level BPE vocabularies, see grammar.c).  A budget below it keeps
+ * only the tokens that shorten the shortest completion (the output cannot
+ * be completed in time, but gets as close as it can; still never empty).
+ * A negative budget means unlimited (same as cb_matcher_fill_mask), as does
+ * one >= 2^30 - 1. */
 int  cb_matcher_fill_mask_budget(cb_matcher *m, uint32_t *mask, int budget);
 /* Bytes in the shortest completion of the current state (0 when accepting
  * or finished; saturates at 2^30 - 1), or -1 if m is NULL. */
@@ -325,6 +328,8 @@ typedef struct {
     int    draft_accepted_source[CB_SPEC_N_SOURCES];
     int    draft_n_pos[CB_SPEC_MAX_K];               /* proposals by draft position */
     int    draft_accepted_pos[CB_SPEC_MAX_K];        /* acceptances by draft position */
+    int64_t experts_routed;      /* MoE: (token, layer, expert) routings of this request's rows */
+    int    experts_unique;       /* MoE: distinct (layer, expert) pairs this request touched */
     double grammar_mask_us;      /* mean time per grammar mask (0 without a grammar) */
     int    slot;
     int    finish_reason;        /* cb_finish */

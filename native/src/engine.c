@@ -61,6 +61,8 @@ typedef struct {
     int      k_want;         /* drafts asked of a drafter this step */
     int      base_pos;       /* position of `pending` in this step */
     cb_request_metrics spec_m; /* draft counters accumulated (draft_* fields only) */
+    uint64_t *expert_seen;   /* MoE: bitset [n_layer * n_expert] of experts this request routed to (owned) */
+    int64_t  experts_routed; /* MoE: routings of this request's rows */
     double   t_submit, t_admit, t_prefill_done, t_first;
 } cb_request;
 
@@ -278,6 +280,7 @@ static void req_release(cb_request *r) {
     free(r->bias_tok);
     free(r->bias_val);
     cb_matcher_free(r->matcher);
+    free(r->expert_seen);
     cb_stopstr_free(&r->stop);
     memset(r, 0, sizeof *r);
 }
@@ -366,6 +369,12 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
         set_err(err, err_len, "could not create a grammar matcher (%s)", cb_status_str(rc));
         return rc;
     }
+    int n_exp = 0, n_used = 0, n_ff_exp = 0;
+    cb_model_moe_info(e->model, &n_exp, &n_used, &n_ff_exp);
+    if (n_exp > 0) {
+        r->expert_seen = calloc(((size_t)e->model->info.n_layer * n_exp + 63) / 64, sizeof(uint64_t));
+        if (!r->expert_seen) { req_release(r); set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
+    }
     memcpy(r->prompt, q->tokens, (size_t)q->n_tokens * sizeof(int32_t));
     if (nb) {
         memcpy(r->bias_tok, q->sampling.logit_bias_tokens, (size_t)nb * sizeof(int32_t));
@@ -451,6 +460,13 @@ static void finish(cb_engine *e, int idx, int reason, int stop_offset) {
     M->finish_reason = reason;
     M->stop_offset = stop_offset;
     M->grammar_mask_us = r->n_masks ? r->mask_us / r->n_masks : 0;
+    M->experts_routed = r->experts_routed;
+    if (r->expert_seen) {
+        int n_exp = 0, n_used = 0, n_ff_exp = 0;
+        cb_model_moe_info(e->model, &n_exp, &n_used, &n_ff_exp);
+        size_t words = ((size_t)e->model->info.n_layer * n_exp + 63) / 64;
+        for (size_t w = 0; w < words; w++) M->experts_unique += __builtin_popcountll(r->expert_seen[w]);
+    }
     M->draft_n = r->spec_m.draft_n;
     M->draft_accepted = r->spec_m.draft_accepted;
     M->draft_steps = r->spec_m.draft_steps;
@@ -831,6 +847,25 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
         cb_batch b = { n, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
         c->trace_step = e->n_steps;
         cb_forward(c, &b);
+    }
+    /* MoE: attribute each row's routed experts to its request */
+    if (n > 0 && c->n_expert > 0) {
+        int n_layer = e->model->info.n_layer;
+        int32_t sel[64];
+        for (int i = 0; i < n; i++) {
+            cb_request *r = NULL;
+            int ri = e->slots[e->b_slot[i]].req;
+            if (ri >= 0) r = &e->reqs[ri];
+            if (!r || !r->expert_seen) continue;
+            for (int l = 0; l < n_layer; l++) {
+                int k = cb_ctx_row_experts(c, i, l, sel);
+                for (int j = 0; j < k && j < 64; j++) {
+                    size_t bit = (size_t)l * c->n_expert + (size_t)sel[j];
+                    r->expert_seen[bit / 64] |= 1ull << (bit % 64);
+                }
+                if (k > 0) r->experts_routed += k;
+            }
+        }
     }
     /* slots now hold KV for the rows just computed */
     for (int i = 0; i < n; i++) {

@@ -1149,7 +1149,6 @@ typedef struct {
     uint8_t  prem;      /* continuation bytes still expected (0 = at a code point boundary) */
     uint8_t  plen;      /* total bytes of the partial code point's encoding */
     uint8_t  accepting; /* 1: prem == 0 and some stack is empty */
-    uint32_t mc;        /* bytes in the shortest completion (0 iff accepting; G_MC_INF for the dead state or when saturated) */
 } mstate;
 
 /* One of the two state pools (the copying collector moves live states from
@@ -1157,6 +1156,9 @@ typedef struct {
 typedef struct {
     mstate   *st;       /* [M_MAX_STATES] */
     uint32_t *arena;    /* [M_ARENA_WORDS] */
+    uint32_t *mc;       /* [M_MAX_STATES] per state: bytes in its shortest completion (0 iff accepting;
+                         * G_MC_INF for the dead state or when saturated).  Apart from mstate so the
+                         * mask walk's per-node lookup stays in an 8 KiB array (L1). */
     uint32_t  n_st;     /* states in use (id 0 = dead) */
     uint32_t  n_words;  /* arena words in use */
 } mpool;
@@ -1264,7 +1266,7 @@ static int intern(cb_matcher *m, const uint32_t *w, uint32_t nw, uint32_t ns,
         }
         if (c < best) best = c;
     }
-    s->mc = best;
+    P->mc[id] = best;
     if (nw) memcpy(P->arena + P->n_words, w, nw * sizeof *w);
     P->n_words += nw;
     m->ht[slot] = (int32_t)id;
@@ -1516,14 +1518,14 @@ static int initial_state(cb_matcher *m) {
 
 void cb_matcher_free(cb_matcher *m) {
     if (!m) return;
-    for (int i = 0; i < 2; i++) { free(m->pool[i].st); free(m->pool[i].arena); }
+    for (int i = 0; i < 2; i++) { free(m->pool[i].st); free(m->pool[i].arena); free(m->pool[i].mc); }
     free(m->ht); free(m->trans); free(m->remap);
     free(m->bw); free(m->bs_off); free(m->bs_len); free(m->vis); free(m->vis_gen); free(m->todo); free(m->res); free(m->out);
     free(m->walk); free(m->mc_mask);
     free(m);
 }
 
-/* Memory: two pools (2 x (2048 x 24 B + 1 MiB)), the transition table
+/* Memory: two pools (2 x (2048 x (24 + 4) B + 1 MiB)), the transition table
  * (2048 x 256 x 2 B = 1 MiB), builder scratch (~0.6 MiB) and the mask cache
  * (16 masks): about 4 MiB per matcher. */
 int cb_matcher_new(const cb_grammar *g, cb_matcher **out) {
@@ -1535,6 +1537,7 @@ int cb_matcher_new(const cb_grammar *g, cb_matcher **out) {
     m->g = g;
     for (int i = 0; i < 2; i++) {
         m->pool[i].st = malloc(M_MAX_STATES * sizeof(mstate));
+        m->pool[i].mc = malloc(M_MAX_STATES * sizeof *m->pool[i].mc);
         m->pool[i].arena = malloc(M_ARENA_WORDS * sizeof(uint32_t));
     }
     m->ht = malloc(2 * M_MAX_STATES * sizeof *m->ht);
@@ -1551,7 +1554,7 @@ int cb_matcher_new(const cb_grammar *g, cb_matcher **out) {
     m->walk = malloc(((size_t)g->max_depth + 2) * sizeof *m->walk);
     m->n_words = ((uint32_t)g->n_vocab + 31) / 32;
     m->mc_mask = malloc((size_t)M_MASK_CACHE * (m->n_words ? m->n_words : 1) * sizeof *m->mc_mask);
-    if (!m->pool[0].st || !m->pool[0].arena || !m->pool[1].st || !m->pool[1].arena || !m->ht || !m->trans ||
+    if (!m->pool[0].st || !m->pool[0].arena || !m->pool[0].mc || !m->pool[1].st || !m->pool[1].arena || !m->pool[1].mc || !m->ht || !m->trans ||
         !m->remap || !m->bw || !m->bs_off || !m->bs_len || !m->vis || !m->vis_gen || !m->todo || !m->res || !m->out ||
         !m->walk || !m->mc_mask) {
         cb_matcher_free(m);
@@ -1689,7 +1692,7 @@ static int walk_trie(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *m
     const int32_t *tok = g->tn_tok;
     uint16_t *st = m->walk;
     const uint16_t *trans = m->trans;
-    const mstate *sts = m->pool[m->cur_pool].st;
+    const uint32_t *mcs = m->pool[m->cur_pool].mc;
     uint32_t n = g->n_nodes, i = 0, visited = 0, hi = 0;
     int count = 0;
     st[0] = m->cur;
@@ -1704,10 +1707,10 @@ static int walk_trie(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *m
             if (s < 0) { m->walk_n = 0; return s; }
             t = (uint16_t)s;
             trans = m->trans;
-            sts = m->pool[m->cur_pool].st;  /* a collection switches pools */
+            mcs = m->pool[m->cur_pool].mc;  /* a collection switches pools */
         }
         if (t == 0) { i = end[i]; continue; }
-        uint32_t mc = sts[t].mc;
+        uint32_t mc = mcs[t];
         if (mc > budget) {
             if (mc > budget + (uint32_t)(maxd[i] - d)) { i = end[i]; continue; }
         } else if (toff[i] < toff[i + 1]) {
@@ -1804,6 +1807,13 @@ int cb_matcher_fill_mask_budget(cb_matcher *m, uint32_t *mask, int budget) {
     if (m->finished) { memset(mask, 0, m->n_words * sizeof *mask); return 0; }
     m->tick++;
     uint32_t b = budget < 0 || (uint32_t)budget >= G_MC_INF ? G_MC_UNLIMITED : (uint32_t)budget;
+    /* A budget below the current shortest completion cannot be met in bytes
+     * (tokens of several bytes may still make it): keep only tokens that
+     * shorten the completion, never an empty mask, so the output gets as
+     * close to complete as the budget allows.  A saturated completion gives
+     * no measure of progress: no budget then. */
+    uint32_t cur_mc = m->pool[m->cur_pool].mc[m->cur];
+    if (b < cur_mc) b = cur_mc >= G_MC_INF ? G_MC_UNLIMITED : cur_mc - 1;
     uint32_t maxmc;
     int count = mask_unbudgeted(m, mask, &maxmc);
     if (count < 0 || b >= maxmc) return count;
@@ -1821,7 +1831,7 @@ int cb_matcher_fill_mask_budget(cb_matcher *m, uint32_t *mask, int budget) {
 int cb_matcher_min_completion(const cb_matcher *m) {
     if (!m) return -1;
     if (m->finished) return 0;
-    uint32_t mc = m->pool[m->cur_pool].st[m->cur].mc;
+    uint32_t mc = m->pool[m->cur_pool].mc[m->cur];
     return (int)mc;  /* G_MC_INF (2^30 - 1) = saturated: at least that many */
 }
 

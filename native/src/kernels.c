@@ -210,6 +210,13 @@ typedef struct {
     atomic_llong      next;   /* next work item to hand out, over all weights */
 } mm_ctx;
 
+/* K-quant weights go to kquants*.c; everything else to the level's table. */
+static inline void mm_rows(const cb_kernels *k, const cb_weight *w, const cb_block_q8 *xq, const float *xf,
+                           int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    if (cb_kq_is_kquant(w->type)) cb_kq_matmul_rows(k->simd, w, xq, n_rows, y, ldy, o0, o1);
+    else k->matmul_rows(w, xq, xf, n_rows, y, ldy, o0, o1);
+}
+
 static void quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q,
                           int64_t n_in, int r0, int r1) {
     const int64_t nb = n_in / CB_QK;
@@ -241,7 +248,7 @@ static void mm_compute_task(void *arg, int ith, int nth) {
         const cb_weight *w = c->w[wi];
         const int64_t o0 = (i - c->first[wi]) * c->chunk[wi];
         const int64_t o1 = o0 + c->chunk[wi] < w->n_out ? o0 + c->chunk[wi] : w->n_out;
-        c->k->matmul_rows(w, xq, c->x, c->n_rows, c->y[wi], w->n_out, o0, o1);
+        mm_rows(c->k, w, xq, c->x, c->n_rows, c->y[wi], w->n_out, o0, o1);
     }
 }
 
@@ -287,7 +294,7 @@ void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const 
     if (nth == 1) {
         if (c.quant) quantize_rows(k, x, c.xq, c.n_in, 0, n_rows);
         for (int i = 0; i < n_w; i++)
-            if (w[i]->n_out > 0) k->matmul_rows(w[i], c.xq, x, n_rows, y[i], w[i]->n_out, 0, w[i]->n_out);
+            if (w[i]->n_out > 0) mm_rows(k, w[i], c.xq, x, n_rows, y[i], w[i]->n_out, 0, w[i]->n_out);
         return;
     }
     if (c.quant && !c.local_q) cb_pool_run(pool, mm_quantize_task, &c);

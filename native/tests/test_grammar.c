@@ -676,10 +676,15 @@ static void test_min_completion(void) {
         CHECK(cb_matcher_min_completion(m) == 3);
         CHECK(cb_matcher_accept(m, 'a') == CB_OK);
         CHECK_MSG(cb_matcher_min_completion(m) == 0x3FFFFFFF, "got %d", cb_matcher_min_completion(m));
-        CHECK(cb_matcher_fill_mask_budget(m, mask, 1000000) == 0);  /* nothing finishes within a million */
-        CHECK(cb_matcher_fill_mask_budget(m, mask, -1) > 0 && bit(mask, 'a'));
+        /* nothing finishes within a million, and a saturated length gives no
+         * measure of progress: the budget is ignored */
+        uint32_t um[(MAXTOK + 31) / 32];
+        int cu = cb_matcher_fill_mask(m, um);
+        CHECK(cu > 0 && bit(um, 'a'));
+        CHECK(cb_matcher_fill_mask_budget(m, mask, 1000000) == cu && memcmp(mask, um, sizeof um) == 0);
         CHECK(cb_matcher_rollback(m, 1) == CB_OK);
         CHECK(cb_matcher_fill_mask_budget(m, mask, 2) == 1 && bit(mask, 'b'));  /* 'a' leads to a saturated state */
+        CHECK(cb_matcher_fill_mask_budget(m, mask, 0) == 1 && bit(mask, 'b'));  /* below: 'b' still shortens it */
         cb_matcher_free(m);
         cb_grammar_free(g);
     }
@@ -724,6 +729,17 @@ static void budget_walks(const char *grammar, int n_walks, int max_slack) {
             for (int i = 0; i < words; i++) if (bm[i] & ~um[i]) sub = 0;
             CHECK(sub);
             if (cb < cu) cut++;
+            /* a budget below the shortest completion keeps the tokens that shorten it */
+            int mcn = cb_matcher_min_completion(m);
+            if (mcn > 0) {
+                int low = (int)(rnd() % (uint32_t)mcn), cl = cb_matcher_fill_mask_budget(m, again, low), rl = 0, same = 1;
+                for (int t = 0; t < nv; t++) {
+                    int want = after[t] >= 0 && after[t] <= mcn - 1;
+                    rl += want;
+                    if (bit(again, t) != want) same = 0;
+                }
+                CHECK_MSG(cl == rl && same && cl > 0, "budget %d below completion %d: %d tokens, want %d", low, mcn, cl, rl);
+            }
             /* the cached budgeted mask comes back unchanged; a huge budget is no budget */
             CHECK(cb_matcher_fill_mask_budget(m, again, budget) == cb && memcmp(again, bm, (size_t)words * 4) == 0);
             CHECK(cb_matcher_fill_mask_budget(m, again, 1 << 20) == cu && memcmp(again, um, (size_t)words * 4) == 0);
