@@ -152,7 +152,8 @@ def save_plots(res, out_dir) -> list:
 def cmd_run(a) -> int:
     from colibri_lab.experiments import run_spec, summary_table
 
-    res = run_spec(a.spec, small=True if a.small else None, save=not a.no_save)
+    kw = {"backend": a.dask} if getattr(a, "dask", None) else {}   # a Dask cluster, else in-process
+    res = run_spec(a.spec, small=True if a.small else None, save=not a.no_save, **kw)
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 30):
@@ -199,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("spec")
     r.add_argument("--small", action="store_true", help="the spec's small (CI) sizes")
     r.add_argument("--no-save", action="store_true", help="do not write results")
+    r.add_argument("--dask", default=None, metavar="ADDRESS",
+                   help='run on a Dask cluster: a scheduler address (tcp://host:8786), "local" or "local:N" '
+                        "(start a LocalCluster of N worker processes); needs colibri-lab[distributed]")
     r.set_defaults(func=cmd_run)
 
     from colibri_lab import serve

@@ -14,7 +14,7 @@ import collections
 import hashlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from colibri_lab import _engine, chat as chat_mod, models
 from colibri_lab.errors import InvalidRequestError

@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=6, help="ABBA repeats per length (part A) and per arm (part B)")
     ap.add_argument("--lengths", default="250,500,1000")
     ap.add_argument("--reply-tokens", type=int, default=80)
-    ap.add_argument("--unshared-prompts", type=int, default=12)
+    ap.add_argument("--unshared-prompts", type=int, default=8)
     ap.add_argument("--unshared-words", type=int, default=110)
     ap.add_argument("--quick", action="store_true", help="small smoke run")
     ap.add_argument("--out", default=os.path.join(bu.ROOT, "docs", "bench", "prefix.md"))

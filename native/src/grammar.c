@@ -22,6 +22,14 @@
  *   all buffers are allocated in cb_matcher_new.  When the state pool fills
  *   up, live states (current, history, in-flight walk) are copied into a
  *   second pool and the caches are dropped (a copying collection).
+ *
+ * Token budgets
+ *   At compile time every element position gets the fewest bytes that
+ *   finish its alternative (compute_min_lengths); an interned state stores
+ *   its shortest completion (min over stacks of the sum over frames).
+ *   cb_matcher_fill_mask_budget drops tokens whose end state needs more
+ *   than the budget, so an output capped at max_tokens still ends in a
+ *   complete sentence (the argument is at cb_matcher_fill_mask_budget).
  */
 #include <stdint.h>
 #include <stdio.h>
