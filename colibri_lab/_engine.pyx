@@ -107,6 +107,8 @@ cdef extern from "colibri.h" nogil:
     int cb_matcher_new(const cb_grammar *grammar, cb_matcher **out)
     void cb_matcher_free(cb_matcher *m)
     int cb_matcher_fill_mask(cb_matcher *m, uint32_t *mask)
+    int cb_matcher_fill_mask_budget(cb_matcher *m, uint32_t *mask, int budget)
+    int cb_matcher_min_completion(const cb_matcher *m)
     int cb_matcher_accept(cb_matcher *m, int token)
     int cb_matcher_rollback(cb_matcher *m, int n)
     int cb_matcher_is_accepting(const cb_matcher *m)
@@ -512,10 +514,12 @@ cdef class Matcher:
             cb_matcher_free(self.ptr)
             self.ptr = NULL
 
-    def fill_mask(self):
-        """Boolean array [n_vocab]: True where the token may come next."""
+    def fill_mask(self, int budget=-1):
+        """Boolean array [n_vocab]: True where the token may come next.  With
+        budget >= 0: and the output can still be completed within `budget`
+        more tokens after this one."""
         cdef cnp.ndarray[cnp.uint32_t, ndim=1] words = np.zeros((self.n_vocab + 31) // 32, dtype=np.uint32)
-        rc = cb_matcher_fill_mask(self.ptr, <uint32_t *>cnp.PyArray_DATA(words))
+        rc = cb_matcher_fill_mask_budget(self.ptr, <uint32_t *>cnp.PyArray_DATA(words), budget)
         if rc < 0:
             _raise(rc, "fill_mask failed")
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")
@@ -534,6 +538,11 @@ cdef class Matcher:
     @property
     def is_accepting(self):
         return bool(cb_matcher_is_accepting(self.ptr))
+
+    @property
+    def min_completion(self):
+        """Bytes in the shortest completion of the output so far (0 when accepting)."""
+        return cb_matcher_min_completion(self.ptr)
 
     def forced_bytes(self, int cap=4096):
         cdef cnp.ndarray[cnp.uint8_t, ndim=1] buf = np.zeros(max(cap, 1), dtype=np.uint8)

@@ -1,6 +1,7 @@
 """Streaming throughput through HTTP vs. the engine directly.
 
-    python scripts/bench_serve.py [--model smollm2] [--threads 2] [--max-tokens 64] [--repeats 3]
+    python scripts/bench_serve.py [--model smollm2] [--threads 2] [--max-tokens 64] [--repeats 6] [--quick]
+                                  [--out docs/bench/serve.md]
 
 For concurrency 1 and 8 it streams the same greedy requests (a) straight
 from `Engine.stream_events` on threads and (b) through the server
@@ -9,6 +10,8 @@ A and B in ABBA order after a warm-up, and prints per configuration the
 median aggregate tok/s, median time to first token / byte, and the ratios
 HTTP / engine.  Outputs are checked to be identical (greedy, batch-invariant).
 The machine may be shared: look at the spread, not just the medians.
+Each adjacent engine/HTTP pair of runs gives one ratio; the report gives the
+median ratio with a bootstrap 95% interval (target: HTTP >= 0.95x engine).
 """
 from __future__ import annotations
 
@@ -18,7 +21,11 @@ import json
 import statistics
 import sys
 import threading
+import os
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchutil as bu  # noqa: E402  (also puts the checkout on sys.path)
 
 PROMPTS = ["Write a short story about a robot who learns to paint.",
            "Explain how a bicycle works, step by step.",
@@ -96,13 +103,19 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--simd", default="auto")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--quick", action="store_true", help="small smoke run")
+    ap.add_argument("--out", default=os.path.join(bu.ROOT, "docs", "bench", "serve.md"))
     a = ap.parse_args(argv)
+    if a.quick:
+        a.repeats, a.max_tokens = 2, 16
 
     from colibri_lab.engine import Engine
     from colibri_lab.server import Server
 
+    load0 = bu.loadavg()
+    info = bu.machine_info(a.threads)
     eng = Engine(a.model, n_threads=a.threads, n_ctx=1024, n_slots=max(a.concurrency), simd=a.simd)
     srv = Server(eng, port=0, model_id="bench").start()
     print(f"engine {eng!r}\nserver {srv.url}; max_tokens {a.max_tokens}; repeats {a.repeats} (ABBA)", flush=True)
@@ -117,32 +130,64 @@ def main(argv=None) -> int:
             run_http(srv.port, prompts, a.max_tokens)
             res = {"engine": [], "http": []}
             for r in range(a.repeats):
-                order = ("engine", "http") if r % 2 == 0 else ("http", "engine")
-                for which in order:
+                for which in bu.abba(r, "engine", "http"):
                     if which == "engine":
                         wall, out = run_engine(eng, prompts, a.max_tokens)
                     else:
                         wall, out = run_http(srv.port, prompts, a.max_tokens)
                     n = sum(o[2] for o in out)
                     res[which].append({"tok_s": n / wall, "ttft": statistics.median(o[0] for o in out),
-                                       "texts": [o[1] for o in out]})
+                                       "texts": [o[1] for o in out], "n": n})
             same = all(x["texts"] == res["engine"][0]["texts"] for x in res["engine"] + res["http"])
             med = {w: {k: statistics.median(x[k] for x in res[w]) for k in ("tok_s", "ttft")} for w in res}
-            spread = {w: (min(x["tok_s"] for x in res[w]), max(x["tok_s"] for x in res[w])) for w in res}
-            rows[c] = (med, spread, same)
+            ratios = [h["tok_s"] / e["tok_s"] for e, h in zip(res["engine"], res["http"]) if e["tok_s"] > 0]
+            ttfb = [1e3 * (h["ttft"] - e["ttft"]) for e, h in zip(res["engine"], res["http"])]
+            rows[c] = dict(res=res, med=med, same=same, ratios=ratios, ttfb=ttfb)
             print(f"\nconcurrency {c}: outputs identical across paths and repeats: {same}")
             for w in ("engine", "http"):
-                print(f"  {w:>6}: {med[w]['tok_s']:8.1f} tok/s (min {spread[w][0]:.1f}, max {spread[w][1]:.1f})"
-                      f"   median TTFT {1e3 * med[w]['ttft']:8.1f} ms")
-            if not (med["engine"]["tok_s"] > 0 and med["http"]["tok_s"] > 0):
+                print(f"  {w:>6}: {bu.describe([x['tok_s'] for x in res[w]], ' tok/s')}   median TTFT "
+                      f"{1e3 * med[w]['ttft']:8.1f} ms")
+            if not ratios:
                 print("  no tokens generated; cannot compare")
                 continue
-            print(f"  ratio http/engine: tok/s {med['http']['tok_s'] / med['engine']['tok_s']:.3f}   "
-                  f"TTFB overhead {1e3 * (med['http']['ttft'] - med['engine']['ttft']):+.1f} ms")
+            print(f"  ratio http/engine: tok/s {bu.median(ratios):.3f} (CI {bu.bootstrap_ci(ratios)})   "
+                  f"TTFB overhead {bu.median(ttfb):+.1f} ms", flush=True)
     finally:
         srv.stop()
         eng.close()
-    return 0 if all(r[2] for r in rows.values()) else 1
+    load1 = bu.loadavg()
+
+    doc = [bu.header("Serving overhead: streamed HTTP vs the engine directly",
+                     [os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:], info, load0, load1)]
+    doc.append(f"Greedy, chat-formatted prompts, max_tokens {a.max_tokens}, {a.repeats} repeats in ABBA order after "
+               "a warm-up; engine = `Engine.stream_events` on threads, HTTP = `/v1/completions` stream=True over "
+               "http.client on threads (loopback); tok/s = all completion tokens / wall time of the batch; "
+               "TTFT/TTFB = median over streams of submit → first token (engine) or first non-empty text chunk (HTTP). "
+               "Ratio = HTTP/engine per adjacent pair of runs.\n")
+    doc.append("| streams | engine tok/s | HTTP tok/s | ratio HTTP/engine (median) | 95% CI | engine TTFT ms | "
+               "HTTP TTFB ms | TTFB overhead ms (median of pairs) | outputs identical | target >= 0.95x |")
+    doc.append("|---|---|---|---|---|---|---|---|---|---|")
+    verdict = []
+    for c, row in rows.items():
+        if not row["ratios"]:
+            doc.append(f"| {c} | no tokens | | | | | | | {row['same']} | |")
+            continue
+        lo, hi = bu.bootstrap_ci(row["ratios"])
+        rm = bu.median(row["ratios"])
+        ok = rm >= 0.95
+        verdict.append(f"{c} stream(s): HTTP/engine {rm:.3f} (CI {lo:.3f}–{hi:.3f}), TTFB overhead "
+                       f"{bu.median(row['ttfb']):+.1f} ms — target >= 0.95x: **{'met' if ok else 'MISSED'}**")
+        doc.append(f"| {c} | {bu.describe([x['tok_s'] for x in row['res']['engine']])} | "
+                   f"{bu.describe([x['tok_s'] for x in row['res']['http']])} | {rm:.3f} | {lo:.3f}–{hi:.3f} | "
+                   f"{1e3 * row['med']['engine']['ttft']:.1f} | {1e3 * row['med']['http']['ttft']:.1f} | "
+                   f"{bu.median(row['ttfb']):+.1f} | {row['same']} | {'met' if ok else 'MISSED'} |")
+    doc.append("\n### Verdict\n")
+    doc += [f"- {v}" for v in verdict]
+    text = "\n".join(doc)
+    print("\n" + text)
+    if not a.quick or a.out != ap.get_default("out"):
+        bu.write_doc(a.out, text)
+    return 0 if all(r["same"] for r in rows.values()) else 1
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from distributed import Client, LocalCluster  # noqa: E402
 from colibri_lab.errors import InvalidRequestError  # noqa: E402
 from colibri_lab.experiments import ExperimentSpec, Variant, run, sweep  # noqa: E402
 from colibri_lab.experiments.distributed import (  # noqa: E402
-    DaskBackend, auto_shards, current_task, parse_local, shard_slices, use_backend,
+    DaskBackend, auto_shards, clear_worker_engines, current_task, parse_local, plan_tasks, run_task, shard_slices,
+    use_backend,
 )
+from colibri_lab.experiments.runner import Runner  # noqa: E402
 from colibri_lab.experiments.stats import PAIR_KEYS  # noqa: E402
 
 # The engine factories below are defined in this module, which the worker
@@ -48,7 +50,7 @@ def _spec(tiny, **kw):
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     c = Client(cluster)
     c.wait_for_workers(2, timeout=120)
     yield c
@@ -56,20 +58,38 @@ def client():
     cluster.close()
 
 
+# Concurrency 1: which slot a request lands on - and so its prefix-cache hits -
+# does not depend on which client thread wins a race, so whole rows compare.
+ONE = {"concurrency": 1}
+
+
 @pytest.fixture(scope="module")
 def inprocess(make_tiny):
     tiny = make_tiny()
-    return tiny, run(_spec(tiny), progress=False)
+    return tiny, run(_spec(tiny, arrival=ONE), progress=False)
 
 
 def _keyed(df):
     return df.sort_values(list(PAIR_KEYS) + ["variant"]).reset_index(drop=True)
 
 
+def _claim(marker_dir: str | None, action: str) -> bool:
+    """True for exactly one caller, in any process, once <dir>/<action> exists
+    (it is removed); that caller records its task in <dir>/done."""
+    if not marker_dir:
+        return False
+    try:
+        os.unlink(os.path.join(marker_dir, action))   # atomic: one winner
+    except FileNotFoundError:
+        return False
+    with open(os.path.join(marker_dir, "done"), "w") as f:
+        json.dump(dict(current_task(), action=action, pid=os.getpid()), f)
+    return True
+
+
 class SlowEngine:
-    """An Engine whose submit first sleeps, and - once, for the one process
-    that claims the marker file `<dir>/<action>` - kills its worker process
-    (action "kill") or raises (action "raise"), writing what it did to <dir>/done."""
+    """An Engine whose submit first sleeps and - in the one process that claims
+    the marker <dir>/kill - ends its worker process in the middle of a task."""
 
     def __init__(self, eng, sleep_s: float, marker_dir: str | None):
         self._eng, self._sleep, self._dir = eng, sleep_s, marker_dir
@@ -79,17 +99,8 @@ class SlowEngine:
 
     def submit(self, *a, **kw):
         time.sleep(self._sleep)
-        if self._dir:
-            for action in ("kill", "raise"):
-                try:
-                    os.unlink(os.path.join(self._dir, action))   # atomic: exactly one caller wins
-                except FileNotFoundError:
-                    continue
-                with open(os.path.join(self._dir, "done"), "w") as f:
-                    json.dump(dict(current_task(), action=action, pid=os.getpid()), f)
-                if action == "kill":
-                    os._exit(1)
-                raise RuntimeError("injected task failure")
+        if _claim(self._dir, "kill"):
+            os._exit(1)
         return self._eng.submit(*a, **kw)
 
     def close(self):
@@ -97,9 +108,13 @@ class SlowEngine:
 
 
 def slow_factory(sleep_s: float, marker_dir: str | None = None):
+    """Engines wrapped in SlowEngine; building one fails once (a task-level
+    error, retried by dask) in the process that claims <dir>/raise."""
     def factory(settings):
         from colibri_lab.engine import Engine
 
+        if _claim(marker_dir, "raise"):
+            raise RuntimeError("injected failure while loading the model")
         s = dict(settings)
         return SlowEngine(Engine(s.pop("model"), **s), sleep_s, marker_dir)
     return factory
@@ -121,7 +136,7 @@ def test_planning_helpers():
 # ------------------------------------------------------------- same rows
 def test_same_rows_as_inprocess(client, inprocess):
     tiny, a = inprocess
-    b = run(_spec(tiny), backend=DaskBackend(client, shards=1), progress=False)
+    b = run(_spec(tiny, arrival=ONE), backend=DaskBackend(client, shards=1), progress=False)
     assert not b.interrupted and len(b.requests) == len(a.requests) == 2 * 2 * 12
     # same schema, column for column, dtype for dtype - requests and steps
     assert list(b.requests.columns) == list(a.requests.columns)
@@ -160,7 +175,7 @@ def test_sharded_sweep_keeps_pairs_on_one_worker(client, inprocess):
     g = df.groupby(list(PAIR_KEYS))
     assert (g["worker"].nunique() == 1).all() and (g["variant"].nunique() == 3).all()
     assert df["worker"].nunique() == 2, "both workers should get tasks"
-    # batch invariance across shards and slot counts: the outputs of the in-process run
+    # batch invariance across shards, slot counts and concurrency 2: the outputs of the in-process run
     ref = a.requests[a.requests.variant == "off"].set_index(list(PAIR_KEYS))["output_tokens"]
     for v, part in df.groupby("variant"):
         assert part.set_index(list(PAIR_KEYS))["output_tokens"].sort_index().equals(ref.sort_index()), v
@@ -195,12 +210,13 @@ def test_killed_worker_loses_no_rows_and_its_task_reruns(client, make_tiny, tmp_
     assert len(rerun) == task["n_rows"] and (rerun["worker"] == task["worker"]).all()
     # rows that were back before the kill are in the result, unchanged
     final = df.set_index(list(PAIR_KEYS) + ["variant"])
-    assert len(before) == 2 * 2 * 4          # 2 variants x 4 requests of its 2 items
+    assert len(before) == 2 * 2 * 2          # 2 variants x 2 items x 2 turns
     for r in before:
         got = final.loc[tuple(r[k] for k in list(PAIR_KEYS) + ["variant"])]
         assert got["output_hash"] == r["output_hash"] and got["worker"] == r["worker"]
         assert got["t_done_s"] == pytest.approx(r["t_done_s"])
     assert (df.groupby(list(PAIR_KEYS))["worker"].nunique() == 1).all()
+    client.wait_for_workers(2, timeout=120)   # the nanny restarts the killed worker
 
 
 def test_failed_task_is_retried(client, make_tiny, tmp_path):
@@ -209,17 +225,36 @@ def test_failed_task_is_retried(client, make_tiny, tmp_path):
     res = run(_spec(tiny, repeats=1), backend=DaskBackend(client, shards=2, retries=1), progress=False,
               engine_factory=slow_factory(0.0, str(tmp_path)))
     done = json.loads((tmp_path / "done").read_text())
-    assert done["action"] == "raise" and not (tmp_path / "raise").exists()
+    assert done["action"] == "raise" and done["key"] and not (tmp_path / "raise").exists()
     assert len(res.requests) == 2 * 12 and (res.requests["error"] == "").all() and not res.meta["failed_tasks"]
 
 
 def test_rejected_setting_is_raised_not_retried(client, make_tiny):
     spec = _spec(make_tiny(), repeats=1, variants=[Variant("bad", request={"no_such_setting": 1})])
-    t0 = time.perf_counter()
+    # the task returns the error (a raised one would be retried) ...
+    task = plan_tasks(Runner(spec), 1)[0]
+    task.update(key="k", spec=spec)
+    out = run_task(task)
+    assert isinstance(out.get("fatal"), InvalidRequestError) and "rows" not in out
+    clear_worker_engines()
+    # ... and the client raises it, as in-process (the default backend set by use_backend)
     with pytest.raises(InvalidRequestError, match="no_such_setting"):
         with use_backend(DaskBackend(client, shards=2, retries=3)):
             run(spec, progress=False)
-    assert time.perf_counter() - t0 < 60
+
+
+def test_interrupt_returns_finished_rows(client, make_tiny):
+    seen = []
+
+    def on_row(row, rows):
+        seen.append(row)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    res = run(_spec(make_tiny(), repeats=2), backend=DaskBackend(client, shards=3), progress=False, on_row=on_row,
+              engine_factory=slow_factory(0.02))
+    assert res.interrupted and 3 <= len(res.requests) < 2 * 2 * 12
+    assert len(res.requests) % 8 == 0          # whole tasks: 2 variants x 2 items x 2 turns
 
 
 # -------------------------------------------------------------------- CLI

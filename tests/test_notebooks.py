@@ -21,7 +21,64 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 def test_there_are_notebooks():
     names = {p.name for p in NOTEBOOKS}
-    assert {"tour.ipynb", "batching_latency.ipynb", "prefix_hit_ratio.ipynb"} <= names
+    assert {"tour.ipynb", "batching_latency.ipynb", "prefix_hit_ratio.ipynb", "speculative_acceptance.ipynb",
+            "grammar_overhead.ipynb"} <= names
+
+
+# ---- the workbench pieces the speculative / grammar notebooks stand on (no model needed)
+def _spec_metrics(n_pos, a_pos, by_src):
+    return {"draft_n_by_pos": n_pos, "draft_accepted_by_pos": a_pos,
+            "draft_n_by_source": {s: n for s, (n, _) in by_src.items()},
+            "draft_accepted_by_source": {s: a for s, (_, a) in by_src.items()}}
+
+
+def test_per_position_columns_flatten_and_aggregate():
+    import numpy as np
+    from colibri_lab import plots
+    from colibri_lab.experiments import Results, acceptance_by_position, acceptance_by_source
+    from colibri_lab.experiments.results import list_metric_columns
+
+    cols = list_metric_columns(_spec_metrics([5, 3, 1], [3, 1, 0], {"prompt_lookup": (9, 4)}))
+    assert cols == {"draft_n_pos_1": 5, "draft_accepted_pos_1": 3, "draft_n_pos_2": 3, "draft_accepted_pos_2": 1,
+                    "draft_n_pos_3": 1, "draft_accepted_pos_3": 0, "draft_n_src_prompt_lookup": 9,
+                    "draft_accepted_src_prompt_lookup": 4}
+    assert list_metric_columns({"draft_n_by_pos": [], "draft_n_by_source": {}}) == {}
+    base = dict(repeat=0, turn=0, seed=0, error="")
+    rows = [dict(base, variant="plain", prompt_id="a", draft_n=0, draft_accepted=0),
+            dict(base, variant="k4", prompt_id="a", draft_n=9, draft_accepted=4,
+                 **list_metric_columns(_spec_metrics([5, 3, 1], [3, 1, 0], {"prompt_lookup": (9, 4)}))),
+            dict(base, variant="k4", prompt_id="b", draft_n=2, draft_accepted=1,
+                 **list_metric_columns(_spec_metrics([2], [1], {"prompt_lookup": (2, 1)})))]
+    req = Results.from_rows(rows, [], {}).requests
+    # rows that did not reach a position get 0 there (not NaN), positions in numeric order
+    assert req["draft_n_pos_3"].tolist() == [0, 1, 0] and str(req["draft_n_pos_3"].dtype) == "int64"
+    pos_cols = [c for c in req.columns if c.startswith("draft_n_pos_")]
+    assert pos_cols == ["draft_n_pos_1", "draft_n_pos_2", "draft_n_pos_3"]
+    t = acceptance_by_position(req)
+    assert t[["variant", "position", "drafted", "accepted"]].values.tolist() == [
+        ["k4", 1, 7, 4], ["k4", 2, 3, 1], ["k4", 3, 1, 0]]      # plain drafted nothing: no rows
+    np.testing.assert_allclose(t["accept_rate"], [4 / 7, 1 / 3, 0.0])
+    src = acceptance_by_source(req).set_index("variant")
+    assert src.loc["k4", "drafted"] == 11 and src.loc["k4", "accepted"] == 5
+    fig = plots.acceptance_by_position(req)                  # straight from the request table
+    np.testing.assert_allclose(sorted(p.get_height() for p in fig.axes[0].patches), sorted([4 / 7, 1 / 3, 0.0]))
+
+
+def test_json_validity_parses_and_validates():
+    pytest.importorskip("jsonschema")
+    import pandas as pd
+    from colibri_lab.experiments import json_validity
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "d": {"type": "string", "format": "date"}},
+              "required": ["n"], "additionalProperties": False}
+    wl = {"name": "w", "items": [{"id": "x", "turns": ["q"], "schema": schema}, {"id": "y", "turns": ["q"]}]}
+    df = pd.DataFrame({"variant": "v", "repeat": 0, "prompt_id": ["x", "x", "x", "x", "y", "y"],
+                       "output_text": ['{"n": 3}', '{"n": "3"}', '{"n": 3', '{"n": 1, "d": "2024-13-45"}',
+                                       '[1]', 'no']})
+    v = json_validity(df, wl)
+    assert v["parses"].tolist() == [True, True, False, True, True, False]
+    assert v["valid"].tolist() == [True, False, False, False, True, False]   # format "date" is checked
+    assert v["problem"].iloc[0] == "" and v["problem"].iloc[2].startswith("not JSON")
 
 
 @pytest.mark.smollm2

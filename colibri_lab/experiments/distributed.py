@@ -135,8 +135,8 @@ class DaskBackend:
         _import_distributed()
         from distributed import Client, LocalCluster
 
-        kw = dict(n_workers=n_workers, threads_per_worker=1, processes=True)
-        kw.setdefault("dashboard_address", None)
+        # dashboard on a free port (":0"), so that a second cluster never fights over 8787
+        kw = dict(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0")
         kw.update(cluster_kw)
         cluster = LocalCluster(**kw)
         client = Client(cluster)
@@ -399,21 +399,25 @@ def _run(runner, be: DaskBackend, Results, collect_metadata):
     bar = runner._make_bar(total)
     started = time.time()
     client = be.client
-    futures = [client.submit(run_task, t, key=t["key"], pure=False, retries=be.retries) for t in tasks]
+    futures = {t["key"]: client.submit(run_task, t, key=t["key"], pure=False, retries=be.retries) for t in tasks}
     done: dict[str, dict] = {}
     rows_so_far: list[dict] = []
     failures: list[dict] = []
     interrupted = False
     fatal = None
-    ac = as_completed(futures)
+    ac = as_completed(list(futures.values()))
     try:
         for fut in ac:
+            # Drop our reference at once: a gathered result must not be recomputed
+            # when the worker that holds it dies later.
+            futures.pop(fut.key, None)
             if fut.status == "error":
                 failures.append({"key": fut.key, "error": repr(fut.exception())})
                 continue
             if fut.status == "cancelled":
                 continue
             out = fut.result()
+            fut.release()
             if "fatal" in out:
                 fatal = out["fatal"]
                 break
@@ -431,9 +435,10 @@ def _run(runner, be: DaskBackend, Results, collect_metadata):
     finally:
         if bar is not None:
             bar.close()
-        pending = [f for f in futures if not f.done()]
-        if pending:
-            client.cancel(pending)
+        ac.clear()
+        if futures:   # interrupted or fatal: stop what has not finished
+            client.cancel(list(futures.values()))
+        futures.clear()
     if fatal is not None:
         raise fatal
     # Deterministic order: the in-process block order, shards in order, rows as they finished.

@@ -301,7 +301,7 @@ def json_validity(df: pd.DataFrame, workload, column: str = "output_text") -> pd
 
     from colibri_lab.experiments.workloads import load_workload
 
-    wl = load_workload(workload) if not hasattr(workload, "items") else workload
+    wl = load_workload(workload)   # a name, path, dict or Workload
     schemas = {it.id: it.schema for it in wl.items}
     fmt = jsonschema.Draft202012Validator.FORMAT_CHECKER
     validators: dict[str, jsonschema.Draft202012Validator] = {}

@@ -609,7 +609,9 @@ static int sample_row(cb_engine *e, int idx, int lr) {
     const uint32_t *mask = NULL;
     if (r->matcher) {
         double tg = now_ms();
-        int allowed = cb_matcher_fill_mask(r->matcher, e->mask);
+        /* budget: the output must stay completable within the tokens left
+         * after this one, so a constrained output is complete at max_tokens */
+        int allowed = cb_matcher_fill_mask_budget(r->matcher, e->mask, r->max_tokens - r->n_gen - 1);
         double dt = now_ms() - tg;
         r->mask_us += dt * 1e3;
         r->n_masks++;
@@ -647,7 +649,11 @@ static int sample_row(cb_engine *e, int idx, int lr) {
     const uint8_t *bytes = cb_model_token_bytes(e->model, res.token, &nbytes);
     int64_t stop_at = bytes ? cb_stopstr_feed(&r->stop, bytes, nbytes) : -1;
     if (stop_at >= 0) { finish(e, idx, CB_FINISH_STOP, (int)stop_at); return -1; }
-    if (r->n_gen >= r->max_tokens) { finish(e, idx, CB_FINISH_LENGTH, -1); return -1; }
+    if (r->n_gen >= r->max_tokens) {
+        /* a grammar output the budget brought to an accepting state is complete: a stop, not a cut */
+        finish(e, idx, r->matcher && cb_matcher_is_accepting(r->matcher) ? CB_FINISH_STOP : CB_FINISH_LENGTH, -1);
+        return -1;
+    }
     if (sl->n_past + 1 > e->params.n_ctx) { finish(e, idx, CB_FINISH_CONTEXT, -1); return -1; }
     r->pending = res.token;
     r->state = RQ_DECODE;

@@ -78,6 +78,7 @@ static const char *run_one(const uint8_t *data, size_t size) {
     char *text = malloc(size ? size : 1);  /* exact-size copy: over-reads are caught */
     if (!text) return NULL;
     if (size) memcpy(text, data, size);
+    else text[0] = 0;  /* never read (len 0); keeps -Wmaybe-uninitialized quiet */
     cb_vocab_view v = {fz_n, fz_bytes, fz_off, fz_type, fz_eog};
     cb_grammar *g = NULL;
     char err[200] = "";
