@@ -104,8 +104,10 @@ def throughput_vs_concurrency(df, x: str = "concurrency", by: str | None = None,
 
 def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
     """Draft acceptance rate by draft position (1 = first drafted token), one
-    bar group per position, one bar per group (variant), each bar labelled
-    with the number of drafts tried there.
+    bar group per position, one bar per group (variant); the legend gives how
+    many drafted tokens each group had verified.  The engine verifies position
+    i only when positions 1..i-1 were accepted, so the rate at i is
+    P(accept at i | accepted before i).
 
     `df` is either the request table (or Results) with the runner's
     draft_n_pos_<i> / draft_accepted_pos_<i> columns (the engine's
@@ -130,7 +132,7 @@ def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
         s = g.groupby("position")[["drafted", "accepted"]].sum().sort_index()
         rate = s["accepted"] / s["drafted"].where(s["drafted"] > 0)
         ax.bar(s.index.to_numpy(float) + (i - (len(groups) - 1) / 2) * width, rate.to_numpy(), width=width,
-               label=f"{name} ({int(s['drafted'].sum())} drafted)")
+               label=f"{name} ({int(s['drafted'].sum())} verified)")
     if len(df):
         ax.set_xticks(sorted(pd.unique(df["position"])))
     ax.set_xlabel("draft position")
@@ -139,7 +141,7 @@ def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
     ax.set_title("Acceptance by draft position")
     ax.grid(alpha=0.3, axis="y")
     if by and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="lower right")
     return fig
 
 

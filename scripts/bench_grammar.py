@@ -451,7 +451,7 @@ def main(argv=None) -> int:
     else:
         out.append("- mask p99 vs llguidance: not measured (llguidance unavailable)")
     out.append(f"- e2e JSON/unconstrained decode tok/s: {rmed:.3f} (CI {lo:.3f}–{hi:.3f}) — target >= 0.9: "
-               f"**{'met' if rmed >= 0.9 else 'MISSED'}**")
+               f"**{bu.verdict_ge(rmed, lo, 0.9)}**")
     text = "\n".join(out)
     print("\n" + text)
     if not a.quick or a.out != ap.get_default("out"):

@@ -125,3 +125,13 @@ def write_doc(path, text):
 def abba(r, a="A", b="B"):
     """Order of the two arms in repeat r: A B, B A, B A, A B, ... (ABBA blocks)."""
     return (a, b) if r % 4 in (0, 3) else (b, a)
+
+
+def verdict_ge(med, lo, target):
+    """'met' when the whole interval clears the target; 'median within target, CI not
+    resolved' when only the median does; 'MISSED' otherwise."""
+    return "met" if lo >= target else ("median within target, CI not resolved" if med >= target else "MISSED")
+
+
+def verdict_le(med, hi, target):
+    return "met" if hi <= target else ("median within target, CI not resolved" if med <= target else "MISSED")

@@ -64,6 +64,26 @@ def test_per_position_columns_flatten_and_aggregate():
     np.testing.assert_allclose(sorted(p.get_height() for p in fig.axes[0].patches), sorted([4 / 7, 1 / 3, 0.0]))
 
 
+def test_results_save_steps_compressed_and_none(tmp_path):
+    import numpy as np
+    import pandas as pd
+    from colibri_lab.experiments import Results, load_results
+
+    rows = [dict(variant="v", repeat=0, prompt_id="a", turn=0, seed=0, e2e_ms=1.5, output_text="x", error="")]
+    steps = [dict(variant="v", repeat=0, step=i, step_ms=1.0 + i / 3, t_rel_s=i * 0.123456789) for i in range(50)]
+    res = Results.from_rows(rows, steps, {"experiment": {"name": "t"}})
+    p = res.save(path=tmp_path / "gz", steps="gz")
+    assert (p / "steps.csv.gz").is_file() and not (p / "steps.csv").exists()
+    back = load_results(p)
+    pd.testing.assert_frame_equal(back.requests, res.requests)
+    np.testing.assert_allclose(back.steps["step_ms"], res.steps["step_ms"], atol=5e-5, rtol=0)
+    assert not np.array_equal(back.steps["step_ms"], res.steps["step_ms"])   # rounded, as documented
+    p = res.save(path=tmp_path / "gz", steps="none")                       # re-save: the old steps file goes
+    assert not (p / "steps.csv.gz").exists() and len(load_results(p).steps) == 0
+    with pytest.raises(ValueError):
+        res.save(path=tmp_path / "x", steps="zip")
+
+
 def test_json_validity_parses_and_validates():
     pytest.importorskip("jsonschema")
     import pandas as pd

@@ -15,5 +15,5 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_opens_with_two_commands():
     blocks = (ROOT / "README.md").read_text().split("```sh")
     assert len(blocks) >= 3
-    assert "colibri-lab generate" in blocks[1]
+    assert "colibri-lab run experiments/tour.toml" in blocks[1]
     assert "pytest" in blocks[2]

@@ -36,3 +36,4 @@ from colibri_lab.experiments.stats import (  # noqa: F401
     summary_table,
 )
 from colibri_lab.experiments.workloads import BUILTIN, Arrival, Item, Workload, load_workload  # noqa: F401
+from colibri_lab.experiments.distributed import DaskBackend, TaskFailedError, use_backend  # noqa: F401

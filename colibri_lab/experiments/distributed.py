@@ -163,7 +163,7 @@ class DaskBackend:
     def n_workers(self) -> int:
         try:
             info = self.client.scheduler_info(n_workers=-1)   # newer dask lists only 5 workers by default
-        except TypeError:
+        except Exception:   # older dask: no n_workers keyword (it lists them all)
             info = self.client.scheduler_info()
         return max(1, len(info.get("workers", {})))
 
@@ -362,17 +362,18 @@ def _max_concurrency(variants) -> int:
 
 def run_distributed(runner, backend):
     """Run `runner`'s spec on a Dask backend (see the module docstring); returns Results."""
-    from colibri_lab.experiments.results import Results, collect_metadata
-
     be = as_backend(backend)
     try:
-        return _run(runner, be, Results, collect_metadata)
+        return _run(runner, be)
     finally:
         be.close()
 
 
-def _run(runner, be: DaskBackend, Results, collect_metadata):
+def _run(runner, be: DaskBackend):
     from distributed import as_completed
+
+    from colibri_lab.experiments.results import Results, collect_metadata
+    from colibri_lab.experiments.runner import _default_engine_factory
 
     spec, wl = runner.spec, runner.workload
     n_workers = be.n_workers()
@@ -384,8 +385,6 @@ def _run(runner, be: DaskBackend, Results, collect_metadata):
             raise ValueError("shards must be >= 1")
     # Ship the workload itself (already cut and ordered): workers need no file of it.
     shipped = replace(spec, workload=wl, workload_n=None, workload_turns=None, workload_order=None)
-    from colibri_lab.experiments.runner import _default_engine_factory
-
     # The default factory is resolved on the worker itself; a custom one is pickled (cloudpickle) to it.
     factory = None if runner.engine_factory is _default_engine_factory else runner.engine_factory
     run_id = uuid.uuid4().hex[:8]

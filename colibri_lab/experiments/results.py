@@ -3,7 +3,8 @@ metadata; saved as CSV + JSON (no heavy dependencies) and loaded back equal.
 
 Layout of a saved run (experiments/results/<name>/<timestamp>/):
     requests.csv   one row per request
-    steps.csv      one row per engine step (slices of scheduler.step_log)
+    steps.csv      one row per engine step (slices of scheduler.step_log);
+                   steps.csv.gz instead with save(steps="gz"), none with steps="none"
     meta.json      metadata + the column dtypes, so that load_results()
                    restores exactly the frames that were saved
 """
@@ -139,9 +140,17 @@ class Results:
         return pd.DataFrame(recs)
 
     # ------------------------------------------------------------- storage
-    def save(self, path: str | os.PathLike | None = None, root: str | os.PathLike | None = None) -> Path:
+    def save(self, path: str | os.PathLike | None = None, root: str | os.PathLike | None = None,
+             steps: str = "csv") -> Path:
         """Write requests.csv, steps.csv and meta.json into `path`, or into
-        <root>/<name>/<timestamp>/ (root default: ./experiments/results)."""
+        <root>/<name>/<timestamp>/ (root default: ./experiments/results).
+
+        steps: "csv" (steps.csv), "gz" (steps.csv.gz: the per-step table is
+        the large one - one row per engine step; float columns are rounded to
+        4 decimals, which with gzip makes it ~8x smaller; results meant to be
+        committed use it) or "none" (not written; loads back empty)."""
+        if steps not in ("csv", "gz", "none"):
+            raise ValueError(f"steps must be 'csv', 'gz' or 'none', got {steps!r}")
         if path is None:
             root = Path(root) if root is not None else Path("experiments") / "results"
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -156,7 +165,21 @@ class Results:
         meta["dtypes"] = {"requests": {c: str(t) for c, t in self.requests.dtypes.items()},
                           "steps": {c: str(t) for c, t in self.steps.dtypes.items()}}
         self.requests.to_csv(path / "requests.csv", index=False)
-        self.steps.to_csv(path / "steps.csv", index=False)
+        for stale in ("steps.csv", "steps.csv.gz"):  # re-saving into the same folder: one steps file only
+            (path / stale).unlink(missing_ok=True)
+        if steps == "csv":
+            self.steps.to_csv(path / "steps.csv", index=False)
+        elif steps == "gz":
+            # times rounded to 0.1 µs (ms columns) / 0.1 ms (t_rel_s): finer digits are noise, and
+            # 17-digit floats do not compress; the rest of the table is saved exactly
+            st = self.steps.copy()
+            for c in st.columns:
+                if st[c].dtype.kind == "f":
+                    st[c] = st[c].round(4)
+            st.to_csv(path / "steps.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+            meta["steps_rounded"] = 4
+        else:
+            meta["dtypes"]["steps"] = {}
         with open(path / "meta.json", "w") as f:
             json.dump(meta, f, indent=1, default=_json_default)
             f.write("\n")
@@ -194,7 +217,13 @@ def load_results(path: str | os.PathLike) -> Results:
         meta = json.load(f)
     dtypes = meta.pop("dtypes", {})
     req = _read_frame(p / "requests.csv", dtypes.get("requests", {}))
-    st = _read_frame(p / "steps.csv", dtypes.get("steps", {}))
+    sd = dtypes.get("steps", {})
+    if (p / "steps.csv").is_file():
+        st = _read_frame(p / "steps.csv", sd)
+    elif (p / "steps.csv.gz").is_file():
+        st = _read_frame(p / "steps.csv.gz", sd)
+    else:  # saved with steps="none"
+        st = pd.DataFrame(columns=STEP_COLUMNS)
     return Results(req, st, meta, path=p)
 
 

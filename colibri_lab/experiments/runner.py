@@ -119,6 +119,8 @@ class Runner:
       "local" / "local:N" (start a LocalCluster with N worker processes) or a
       colibri_lab.experiments.distributed.DaskBackend (shards=, retries=).
       None also honours a default set by `with distributed.use_backend(...)`.
+      On a Dask backend `engines` / `keep_engines` do not apply: every worker
+      process keeps its own engines (distributed.run_task).
     """
 
     def __init__(self, spec: ExperimentSpec, *, progress: bool = True,
