@@ -291,7 +291,8 @@ def test_health_profile_experts_metrics(server, client):
     assert st == 200 and p["window"] == 120 and 1 <= p["n"] <= 120
     assert {"ttft_ms", "e2e_ms", "completion_tokens"} <= set(p["requests"][-1])
     st, _, data = raw(server, "GET", "/experts")
-    assert st == 200 and json.loads(data) == {"object": "experts", "moe": False, "n_expert": 0, "layers": []}
+    assert st == 200 and json.loads(data) == {"object": "experts", "moe": False, "n_expert": 0, "n_expert_used": 0,
+                                              "layers": []}
     st, h, data = raw(server, "GET", "/metrics")
     text = data.decode()
     assert st == 200 and h["content-type"].startswith("text/plain")

@@ -326,8 +326,9 @@ typedef struct {
     int    draft_steps;          /* steps that verified at least one draft    */
     int    draft_n_source[CB_SPEC_N_SOURCES];        /* by source (bit index) */
     int    draft_accepted_source[CB_SPEC_N_SOURCES];
-    int    draft_n_pos[CB_SPEC_MAX_K];               /* proposals by draft position */
-    int    draft_accepted_pos[CB_SPEC_MAX_K];        /* acceptances by draft position */
+    int    draft_n_pos[CB_SPEC_MAX_K];               /* drafts verification reached at position i
+                                                        (all earlier ones accepted): rates are conditional */
+    int    draft_accepted_pos[CB_SPEC_MAX_K];        /* of those, accepted */
     int64_t experts_routed;      /* MoE: (token, layer, expert) routings of this request's rows */
     int    experts_unique;       /* MoE: distinct (layer, expert) pairs this request touched */
     double grammar_mask_us;      /* mean time per grammar mask (0 without a grammar) */

@@ -177,6 +177,8 @@ int cb_lookup_draft(const int32_t *hist, int n, int ngram_min, int ngram_max, in
 
 /* ----------------------------------------------------------------- policy */
 
+#define CB_SPEC_WARMUP 8   /* verified drafts before the policy trusts a source's acceptance */
+
 int cb_spec_bit(int source) {
     for (int b = 0; b < CB_SPEC_N_SOURCES; b++) if (source == (1 << b)) return b;
     return -1;
@@ -234,6 +236,9 @@ int cb_spec_policy_k(cb_spec_policy *p, int b, const cb_spec_params *sp, int bas
         double gain = e / cost;
         if (gain > best_gain) { best_gain = gain; best_k = k; }
     }
+    /* warm-up: until a source has a few verified drafts its acceptance is a
+     * prior, so it must not buy deep drafts with it */
+    if (st->drafts < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
     st->expected_gain = best_gain;
     if (best_gain < 1.0) {
         st->paused = 1;
