@@ -304,3 +304,38 @@ class TokenStream:
         self.last = {"html": page, "prompt_tokens": ids, "output_tokens": out_ids, "cached_tokens": cached,
                      "accepted": accepted, "metrics": metrics}
         return self.last
+
+
+class ExpertHeat:
+    """MoE expert heat (layers x experts) of a live Engine, redrawn on refresh().
+
+    A thin view over plots.expert_heatmap: the counts come from the engine's
+    owner thread (Engine.scheduler.call), so it is safe while requests run."""
+
+    def __init__(self, engine, normalize: bool = True):
+        self.engine = engine
+        self.normalize = normalize
+        self.out = W.Output()
+        self.button = W.Button(description="refresh")
+        self.button.on_click(lambda _: self.refresh())
+        self.box = W.VBox([self.button, self.out])
+
+    def _ipython_display_(self):
+        display(self.box)
+
+    def counts(self):
+        """int64 [n_layer, n_expert] routing counts over the engine's life."""
+        return self.engine.scheduler.call(lambda core: core.expert_counts())
+
+    def refresh(self):
+        """Redraw from the current counts; returns the Figure (None for a dense model)."""
+        counts = self.counts()
+        self.out.clear_output(wait=True)
+        if counts.shape[1] == 0:
+            with self.out:
+                print("dense model: no experts")
+            return None
+        fig = plots.expert_heatmap(counts, normalize=self.normalize)
+        with self.out:
+            display(fig)
+        return fig

@@ -72,3 +72,17 @@ def test_experts_endpoint_and_heatmap(moe_path):
     finally:
         srv.stop()
         eng.close()
+
+
+def test_expert_heat_widget_headless(moe_path):
+    from colibri_lab import Engine
+    from colibri_lab.widgets import ExpertHeat
+
+    eng = Engine(moe_path, n_threads=1, n_ctx=64)
+    try:
+        w = ExpertHeat(eng)
+        eng.generate([5, 6, 7], max_tokens=3, ignore_eos=True)
+        fig = w.refresh()
+        assert fig is not None and w.counts().sum() > 0
+    finally:
+        eng.close()
