@@ -282,6 +282,8 @@ def abba(rounds, run_a, run_b, warmup=1):
 def summarize(name, va, vb, pairs, unit):
     ma, mb = median(va), median(vb)
     lo, hi = bootstrap_ratio(pairs)
+    print(f"  [{time.strftime('%H:%M:%S')}] {name}: ours {ma:.1f}, llama.cpp {mb:.1f}, ratio {ma / mb:.2f}"
+          f" [{lo:.2f}, {hi:.2f}], load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
     return {"name": name, "unit": unit, "ours_median": ma, "ours_spread": spread(va),
             "llama_median": mb, "llama_spread": spread(vb), "ratio": ma / mb,
             "ratio_ci95": (lo, hi), "ours_runs": va, "llama_runs": vb}

@@ -174,13 +174,13 @@ def main(argv=None) -> int:
             continue
         lo, hi = bu.bootstrap_ci(row["ratios"])
         rm = bu.median(row["ratios"])
-        ok = rm >= 0.95
+        ok = bu.verdict_ge(rm, lo, 0.95)
         verdict.append(f"{c} stream(s): HTTP/engine {rm:.3f} (CI {lo:.3f}–{hi:.3f}), TTFB overhead "
-                       f"{bu.median(row['ttfb']):+.1f} ms — target >= 0.95x: **{'met' if ok else 'MISSED'}**")
+                       f"{bu.median(row['ttfb']):+.1f} ms — target >= 0.95x: **{ok}**")
         doc.append(f"| {c} | {bu.describe([x['tok_s'] for x in row['res']['engine']])} | "
                    f"{bu.describe([x['tok_s'] for x in row['res']['http']])} | {rm:.3f} | {lo:.3f}–{hi:.3f} | "
                    f"{1e3 * row['med']['engine']['ttft']:.1f} | {1e3 * row['med']['http']['ttft']:.1f} | "
-                   f"{bu.median(row['ttfb']):+.1f} | {row['same']} | {'met' if ok else 'MISSED'} |")
+                   f"{bu.median(row['ttfb']):+.1f} | {row['same']} | {ok} |")
     doc.append("\n### Verdict\n")
     doc += [f"- {v}" for v in verdict]
     text = "\n".join(doc)

@@ -9,7 +9,8 @@ acceptance by position per draft source; llama.cpp's prompt-lookup decoding
 
 Arms (greedy, batch 1, prefix reuse off so every request prefills the same):
   plain       no speculation (its own engine)
-  lookup      sources=[prompt_lookup], default settings (adaptive, k_max 8)       [copy-heavy]
+  lookup      sources=[prompt_lookup], default settings (adaptive, k_max 8); own engine per workload [copy-heavy]
+  lookup_raw  sources=[prompt_lookup], adaptive=False, k_max 8 (never pauses)      [copy-heavy]
   adaptive    sources=[prompt_lookup, layer_skip], adaptive=True (own engine per workload, so the
               policy starts from nothing and learns on that workload alone)
   layer_skip  sources=[layer_skip], adaptive=False, k_max=4 (raw source behaviour)
@@ -205,15 +206,20 @@ def main(argv=None) -> int:
     plain_core = _engine.Engine(model, **kw)
     fixed_core = _engine.Engine(model, draft_model=draft, layer_skip=True, **kw)
     SPEC = {"lookup": {"sources": ["prompt_lookup"]},
+            "lookup_raw": {"sources": ["prompt_lookup"], "adaptive": False, "k_max": 8},
             "adaptive": {"sources": ["prompt_lookup", "layer_skip"], "adaptive": True},
             "layer_skip": {"sources": ["layer_skip"], "adaptive": False, "k_max": 4},
             "draft": {"sources": ["draft"], "adaptive": False, "k_max": 4}}
-    workloads = {"copy-heavy": (copy_prompts, ["plain", "lookup", "adaptive", "layer_skip", "draft"]),
+    workloads = {"copy-heavy": (copy_prompts, ["plain", "lookup", "lookup_raw", "adaptive", "layer_skip", "draft"]),
                  "chat": (chat_prompts, ["plain", "adaptive", "layer_skip", "draft"])}
     results = {}
     for wname, (prompts, arms) in workloads.items():
         adapt_core = _engine.Engine(model, layer_skip=True, **kw)  # fresh policy state per workload
-        cores = {"plain": plain_core, "lookup": fixed_core, "adaptive": adapt_core, "layer_skip": fixed_core,
+        # the policy's acceptance record is engine-wide per source: the adaptive lookup arm gets an engine of
+        # its own so the never-pausing lookup_raw arm cannot feed it
+        lookup_core = _engine.Engine(model, **kw)
+        cores = {"plain": plain_core, "lookup": lookup_core, "lookup_raw": fixed_core, "adaptive": adapt_core,
+                 "layer_skip": fixed_core,
                  "draft": fixed_core}
         ids = [chat_ids(p) for p in prompts]
         R = {arm: {"tps": [], "tokens": {}, "identical": True, "n_pos": [0] * 16, "acc_pos": [0] * 16,
@@ -242,7 +248,9 @@ def main(argv=None) -> int:
         for arm in arms:
             R[arm]["identical"] = all(R[arm]["tokens"][i] == R["plain"]["tokens"][i] for i in R[arm]["tokens"])
         R["_stats_adaptive"] = adapt_core.spec_stats()
+        R["_stats_lookup"] = lookup_core.spec_stats()
         adapt_core.close()
+        lookup_core.close()
         results[wname] = (ids, arms, R)
     fixed_core.close()
 
@@ -312,6 +320,10 @@ def main(argv=None) -> int:
                 verdicts.append(f"adaptive (prompt_lookup+layer_skip) on chat: {bu.median(sp):.3f}x (CI {lo:.3f}–{hi:.3f}), "
                                 f"target >= 0.97x: **{bu.verdict_ge(bu.median(sp), lo, 0.97)}**; "
                                 f"outputs identical: {d['identical']}")
+        st = R["_stats_lookup"]
+        out.append("\nLookup-arm engine's policy state at the end of this workload: " + "; ".join(
+            f"{s}: drafts {v['drafts']}, accept {v['accept_rate']:.2f}, k {v['k']}, expected gain "
+            f"{v['expected_gain']:.2f}, paused {v['paused']}" for s, v in st.items() if s == "prompt_lookup"))
         st = R["_stats_adaptive"]
         out.append("\nAdaptive engine's policy state at the end of this workload: " + "; ".join(
             f"{s}: drafts {v['drafts']}, accept {v['accept_rate']:.2f}, k {v['k']}, expected gain "

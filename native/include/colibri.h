@@ -154,7 +154,7 @@ typedef struct {
     /* speculative decoding resources (allocated at cb_engine_new) */
     const cb_model *draft_model;  /* nullable: a second model sharing the vocabulary, drafts with its own KV per slot */
     int  layer_skip;              /* 1: allocate a self-speculative drafter that runs the target with layers skipped */
-    const int32_t *skip_layers;   /* layers the layer-skip drafter skips (copied); NULL = every other middle layer */
+    const int32_t *skip_layers;   /* layers the layer-skip drafter skips (copied); NULL = every fourth block of the middle half */
     int  n_skip_layers;
 } cb_engine_params;
 
