@@ -104,8 +104,7 @@ FORMATS = {
               ' ("." [a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?)+'),
     "ipv4": None,  # filled below
     "ipv6": None,
-    "uri": ('[a-zA-Z] [a-zA-Z0-9+.-]* ":" ([a-zA-Z0-9._~:/?#@!$&\'()*+,;=\\[\\]-]'
-            ' | "%" [0-9a-fA-F] [0-9a-fA-F])*'),
+    "uri": None,  # filled below (needs ipv6)
 }
 FORMATS["date-time"] = "(" + FORMATS["date"] + ') "T" (' + FORMATS["time"] + ")"
 _OCTET = '("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9])'
@@ -131,6 +130,21 @@ def _ipv6() -> str:
 
 
 FORMATS["ipv6"] = _ipv6()
+_PCT = '"%" [0-9a-fA-F] [0-9a-fA-F]'
+_PCHAR = "([a-zA-Z0-9._~!$&'()*+,;=:@-] | %s)" % _PCT
+_SEGMENTS = '("/" %s*)*' % _PCHAR
+# RFC 3986: scheme ":" ("//" authority path-abempty | path-absolute |
+# path-rootless | path-empty) ["?" query] ["#" fragment]; hosts are an
+# IPv6 literal or a reg-name (IPvFuture is left out).
+FORMATS["uri"] = (
+    '[a-zA-Z] [a-zA-Z0-9+.-]* ":"'
+    " ( \"//\" (([a-zA-Z0-9._~!$&'()*+,;=:-] | %s)* \"@\")?"
+    " (\"[\" (%s) \"]\" | ([a-zA-Z0-9._~!$&'()*+,;=-] | %s)*) (\":\" [0-9]*)? %s"
+    " | \"/\" (%s+ %s)?"
+    " | %s+ %s )?"
+    " (\"?\" ([a-zA-Z0-9._~!$&'()*+,;=:@/?-] | %s)*)?"
+    " (\"#\" ([a-zA-Z0-9._~!$&'()*+,;=:@/?-] | %s)*)?"
+) % (_PCT, FORMATS["ipv6"], _PCT, _SEGMENTS, _PCHAR, _SEGMENTS, _PCHAR, _SEGMENTS, _PCT, _PCT)
 FORMAT_LENGTHS = {"date": (10, 10), "uuid": (36, 36), "time": (9, None),
                   "date-time": (20, None), "ipv4": (7, 15), "ipv6": (2, 45)}
 

@@ -278,6 +278,14 @@ static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *
     c->t_matmul += now_ms() - t0;
 }
 
+/* Several matmuls over the same input rows as one pool run sharing one
+ * activation quantization (bit-identical to separate matmul() calls). */
+static void matmul_n(cb_ctx *c, const cb_weight *const *w, int n_w, const float *x, int n, float *const *y) {
+    double t0 = now_ms();
+    cb_matmul_multi(c->pool, c->k, w, n_w, x, n, y, c->mm_scratch);
+    c->t_matmul += now_ms() - t0;
+}
+
 /* ------------------------------------------------------ mixture of experts */
 
 /* Softmax over the router logits, then top-k: k passes each taking the
@@ -344,8 +352,9 @@ static void moe_ffn(cb_ctx *c, int l, const cb_batch *b, row_task *t) {
         cb_weight wg = cb_expert_view(&L->gate_exps, F, e);
         cb_weight wu = cb_expert_view(&L->up_exps, F, e);
         cb_weight wd = cb_expert_view(&L->down_exps, D, e);
-        matmul(c, &wg, c->xg, m_rows, c->hb);
-        matmul(c, &wu, c->xg, m_rows, c->hb2);
+        const cb_weight *wgu[2] = { &wg, &wu };
+        float *const ygu[2] = { c->hb, c->hb2 };
+        matmul_n(c, wgu, 2, c->xg, m_rows, ygu);
         row_task ts = *t;
         ts.n = m_rows;
         ts.dim = F;
@@ -371,8 +380,9 @@ static void moe_ffn(cb_ctx *c, int l, const cb_batch *b, row_task *t) {
 
     /* 5. shared expert (qwen2moe): o += sigmoid(g . h) * FFN_sh(h) */
     if (m->cfg.shared_expert) {
-        matmul(c, &L->gate_shexp, c->xb, n, c->hb);
-        matmul(c, &L->up_shexp, c->xb, n, c->hb2);
+        const cb_weight *wgu[2] = { &L->gate_shexp, &L->up_shexp };
+        float *const ygu[2] = { c->hb, c->hb2 };
+        matmul_n(c, wgu, 2, c->xb, n, ygu);
         row_task ts = *t;
         ts.n = n;
         ts.dim = m->n_ff_shexp;
@@ -461,9 +471,11 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         /* attention */
         t.norm_w = L->attn_norm; t.in = c->x; t.out = c->xb;
         run_rows(c, task_rmsnorm, &t);
-        matmul(c, &L->wq, c->xb, n, c->q);
-        matmul(c, &L->wk, c->xb, n, c->kx);
-        matmul(c, &L->wv, c->xb, n, c->vx);
+        {
+            const cb_weight *wqkv[3] = { &L->wq, &L->wk, &L->wv };
+            float *const yqkv[3] = { c->q, c->kx, c->vx };
+            matmul_n(c, wqkv, 3, c->xb, n, yqkv);
+        }
         double ta = now_ms();
         run_rows(c, task_rope_store, &t);
         if (cb_pool_size(c->pool) > 1 && n * I->n_head >= 2) cb_pool_run(c->pool, task_attention, &t);
@@ -477,8 +489,9 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         if (m->cfg.moe) {
             moe_ffn(c, l, b, &t);
         } else {
-            matmul(c, &L->w_gate, c->xb, n, c->hb);
-            matmul(c, &L->w_up, c->xb, n, c->hb2);
+            const cb_weight *wgu[2] = { &L->w_gate, &L->w_up };
+            float *const ygu[2] = { c->hb, c->hb2 };
+            matmul_n(c, wgu, 2, c->xb, n, ygu);
             t.dim = I->n_ff;
             run_rows(c, task_swiglu, &t);
             t.dim = D;
