@@ -138,6 +138,16 @@ def llama_worker(job_path, out_path):
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     job = json.load(open(job_path))
+    # The AMX extra buffer type crashes llama.cpp 0.3.36 on this VM (SIGSEGV in
+    # its AMX matmul on the first decode); without it llama.cpp runs its plain
+    # AVX-512 kernels.  Llama() has no argument for it, so patch the defaults.
+    _defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def _no_extra_bufts():
+        p = _defaults()
+        p.use_extra_bufts = False
+        return p
+    llama_cpp.llama_cpp.llama_model_default_params = _no_extra_bufts
     lkw = dict(model_path=job["path"], n_ctx=2048, n_threads=job["threads"], n_threads_batch=job["threads"],
                verbose=False, seed=0)
     lplain = llama_cpp.Llama(**lkw)

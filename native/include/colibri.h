@@ -348,7 +348,8 @@ typedef struct {
     int64_t  id;            /* request id from cb_engine_submit */
     /* TOKEN */
     int32_t  token;
-    float    logprob;       /* log-softmax of the chosen token (after penalties, before temperature) */
+    float    logprob;       /* log-softmax of the chosen token (after penalties, before temperature);
+                               NaN for greedy requests that asked for no logprobs (not computed) */
     int      n_top;
     int32_t  top_tokens[CB_MAX_LOGPROBS];
     float    top_logprobs[CB_MAX_LOGPROBS];

@@ -304,6 +304,16 @@ int cb_sample(const cb_sampling_params *p, cb_rng *rng, cb_sampler_scratch *s,
     }
     if (arg < 0) return CB_ERR_ARG;         /* every token forbidden */
 
+    /* Greedy without logprobs needs nothing more than the argmax: skip the
+     * pass of expf over the whole vocabulary (it is most of a greedy call's
+     * cost, and speculative verification samples many rows per step). */
+    if (greedy && p->n_logprobs <= 0) {
+        out->token = arg;
+        out->logprob = NAN;
+        out->n_top = 0;
+        return CB_OK;
+    }
+
     /* 5. log-sum-exp at temperature 1, double accumulator.  x - m <= 0, so
      *    expf never overflows; -inf entries add exactly 0.  When sampling at
      *    temperature 1 the same exponentials are the unnormalised probs. */

@@ -131,7 +131,12 @@ static void test_greedy(cb_sampler_scratch *s) {
     float infrow[8] = {0.0f, 1.0f, INFINITY, 2.0f, INFINITY, 0.0f, 0.0f, 0.0f};
     CHECK(cb_sample(&p, NULL, s, infrow, NULL, 0, NULL, &r) == CB_OK);
     CHECK(r.token == 2);
+    CHECK(isnan(r.logprob));  /* greedy without logprobs skips the log-softmax */
+    p.n_logprobs = 1;
+    CHECK(cb_sample(&p, NULL, s, infrow, NULL, 0, NULL, &r) == CB_OK);
+    CHECK(r.token == 2);
     CHECK(isfinite(r.logprob) && fabsf(r.logprob - logf(0.5f)) < 1e-5f);  /* two tied +inf share */
+    p.n_logprobs = 0;
 }
 
 /* ------------------------------------------------------- bias and mask */
