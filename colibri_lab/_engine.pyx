@@ -171,6 +171,8 @@ cdef extern from "colibri.h" nogil:
         int rows_decode, rows_prefill, n_running
         double step_ms, matmul_ms, attention_ms, lm_head_ms, sampling_ms, grammar_ms, draft_ms, other_ms
         int64_t experts_unique, experts_routed
+        double norm_ms, rope_ms, sync_ms
+        double matmul_type_ms[32]
     void cb_engine_last_step(const cb_engine *engine, cb_step_stats *stats)
     void cb_model_moe_info(const cb_model *model, int *n_expert, int *n_expert_used, int *n_ff_exp)
     int cb_engine_expert_counts(const cb_engine *engine, int64_t *out, int64_t cap)
@@ -774,8 +776,15 @@ cdef class Engine:
         return dict(step=s.step, rows_decode=s.rows_decode, rows_prefill=s.rows_prefill, n_running=s.n_running,
                     step_ms=s.step_ms, matmul_ms=s.matmul_ms, attention_ms=s.attention_ms,
                     lm_head_ms=s.lm_head_ms, sampling_ms=s.sampling_ms, grammar_ms=s.grammar_ms,
-                    draft_ms=s.draft_ms, other_ms=s.other_ms,
-                    experts_unique=s.experts_unique, experts_routed=s.experts_routed)
+                    draft_ms=s.draft_ms, other_ms=s.other_ms, norm_ms=s.norm_ms, rope_ms=s.rope_ms,
+                    sync_ms=s.sync_ms, experts_unique=s.experts_unique, experts_routed=s.experts_routed)
+
+    def last_step_matmul_by_type(self):
+        """Matmul time of the last step by weight type, {"q4_1": ms, ...} (LM head excluded)."""
+        self._check()
+        cdef cb_step_stats s
+        cb_engine_last_step(self.ptr, &s)
+        return {cb_type_name(t).decode(): s.matmul_type_ms[t] for t in range(32) if s.matmul_type_ms[t] > 0}
 
     def tokenize_bytes(self, data):
         """Token ids of raw bytes by the C byte-level BPE (no special tokens)."""

@@ -196,3 +196,25 @@ def test_scheduler_queue_full_is_a_clear_error(model):
     for h in handles:
         h.result(timeout=60)
     sched.close()
+
+
+def test_step_profile_is_consistent(model):
+    """Per-phase profile (issue 9): matmul by weight type adds up to matmul_ms;
+    norms and RoPE are parts of other_ms; phases never exceed the step."""
+    core = _engine.Engine(model, n_slots=2, n_ctx=64, n_threads=2)
+    core.submit(list(range(1, 30)), max_tokens=4, ignore_eos=True)
+    core.submit([5, 6, 7], max_tokens=4, ignore_eos=True)
+    seen = 0
+    while core.pending:
+        core.step()
+        s = core.last_step()
+        if s["rows_decode"] + s["rows_prefill"] == 0:
+            continue
+        seen += 1
+        by_type = core.last_step_matmul_by_type()
+        assert set(by_type) == {"q4_1"} and abs(sum(by_type.values()) - s["matmul_ms"]) < 1e-6
+        assert 0 < s["norm_ms"] and 0 < s["rope_ms"] and s["norm_ms"] + s["rope_ms"] <= s["other_ms"] + 1e-6
+        assert s["sync_ms"] >= 0
+        parts = s["matmul_ms"] + s["attention_ms"] + s["lm_head_ms"] + s["sampling_ms"] + s["other_ms"]
+        assert parts <= s["step_ms"] + 1e-6
+    assert seen >= 4

@@ -401,6 +401,11 @@ typedef struct {
     /* MoE models (0 for dense ones): */
     int64_t experts_unique;  /* expert FFNs computed: unique (layer, expert) pairs routed by the step's rows */
     int64_t experts_routed;  /* (row, layer, expert) routings = rows * layers * experts_used */
+    /* finer profile (issue 9): parts of other_ms, synchronisation, matmul by weight type */
+    double  norm_ms;         /* RMSNorms (part of other_ms) */
+    double  rope_ms;         /* RoPE and KV stores (part of other_ms) */
+    double  sync_ms;         /* caller waiting for pool workers after its own share (spread over phases) */
+    double  matmul_type_ms[32]; /* matmul time by weight type (GGML type id), LM head excluded */
 } cb_step_stats;
 
 void cb_engine_last_step(const cb_engine *engine, cb_step_stats *stats);

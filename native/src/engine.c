@@ -789,6 +789,9 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     double t0 = now_ms();
     cb_ctx *c = &e->ctx;
     double m0 = c->t_matmul, a0 = c->t_attention, h0 = c->t_lm_head;
+    double n0 = c->t_norm, r0 = c->t_rope, w0 = cb_pool_wait_ms(e->pool);
+    double mt0[CB_N_TYPES];
+    memcpy(mt0, c->t_matmul_type, sizeof mt0);
     const int64_t xu0 = c->n_expert_runs, xr0 = c->n_expert_routed;  /* MoE step stats */
     e->step_grammar_ms = 0;
 
@@ -942,6 +945,10 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     S->grammar_ms = e->step_grammar_ms;
     S->draft_ms = e->step_draft_ms;
     S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms;
+    S->norm_ms = c->t_norm - n0;
+    S->rope_ms = c->t_rope - r0;
+    S->sync_ms = cb_pool_wait_ms(e->pool) - w0;
+    for (int ty = 0; ty < CB_N_TYPES; ty++) S->matmul_type_ms[ty] = c->t_matmul_type[ty] - mt0[ty];
     S->experts_unique = c->n_expert_runs - xu0;
     S->experts_routed = c->n_expert_routed - xr0;
     return drained + drain(e, events, max_events);

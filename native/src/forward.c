@@ -275,7 +275,9 @@ static void task_swiglu(void *arg, int ith, int nth) {
 static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *y) {
     double t0 = now_ms();
     cb_matmul(c->pool, c->k, w, x, n, y, c->mm_scratch);
-    c->t_matmul += now_ms() - t0;
+    double dt = now_ms() - t0;
+    c->t_matmul += dt;
+    if (w->type >= 0 && w->type < CB_N_TYPES) c->t_matmul_type[w->type] += dt;
 }
 
 /* Several matmuls over the same input rows as one pool run sharing one
@@ -283,7 +285,9 @@ static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *
 static void matmul_n(cb_ctx *c, const cb_weight *const *w, int n_w, const float *x, int n, float *const *y) {
     double t0 = now_ms();
     cb_matmul_multi(c->pool, c->k, w, n_w, x, n, y, c->mm_scratch);
-    c->t_matmul += now_ms() - t0;
+    double dt = now_ms() - t0;
+    c->t_matmul += dt;
+    if (w[0]->type >= 0 && w[0]->type < CB_N_TYPES) c->t_matmul_type[w[0]->type] += dt;  /* fused weights share a type */
 }
 
 /* ------------------------------------------------------ mixture of experts */
@@ -470,14 +474,14 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         t.layer = l;
         /* attention */
         t.norm_w = L->attn_norm; t.in = c->x; t.out = c->xb;
-        run_rows(c, task_rmsnorm, &t);
+        { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         {
             const cb_weight *wqkv[3] = { &L->wq, &L->wk, &L->wv };
             float *const yqkv[3] = { c->q, c->kx, c->vx };
             matmul_n(c, wqkv, 3, c->xb, n, yqkv);
         }
+        { double tr = now_ms(); run_rows(c, task_rope_store, &t); c->t_rope += now_ms() - tr; }
         double ta = now_ms();
-        run_rows(c, task_rope_store, &t);
         if (cb_pool_size(c->pool) > 1 && n * I->n_head >= 2) cb_pool_run(c->pool, task_attention, &t);
         else task_attention(&t, 0, 1);
         c->t_attention += now_ms() - ta;
@@ -485,7 +489,7 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->tmp[i];
         /* feed-forward */
         t.norm_w = L->ffn_norm; t.in = c->x; t.out = c->xb;
-        run_rows(c, task_rmsnorm, &t);
+        { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         if (m->cfg.moe) {
             moe_ffn(c, l, b, &t);
         } else {

@@ -11,6 +11,8 @@
 
 #include "model.h"
 
+#define CB_N_TYPES 32  /* GGML type ids tracked for the per-type matmul profile */
+
 #include <stdio.h>
 
 typedef struct {
@@ -57,6 +59,8 @@ typedef struct {
     FILE  *trace;                 /* route trace (CSV) or NULL; owned */
     /* time accumulated by phase since the last reset (ms) */
     double t_matmul, t_attention, t_lm_head, t_other;
+    double t_norm, t_rope;        /* RMSNorms; RoPE + KV stores (inside t_other / t_attention) */
+    double t_matmul_type[CB_N_TYPES]; /* matmul time by weight type (GGML id), excluding the LM head */
 } cb_ctx;
 
 /* One forward's rows.  Rows of one slot must have increasing, distinct

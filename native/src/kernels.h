@@ -61,6 +61,9 @@ void     cb_pool_free(cb_pool *pool);          /* NULL is fine */
 int      cb_pool_size(const cb_pool *pool);
 /* Run fn on every thread and return when all have finished. */
 void     cb_pool_run(cb_pool *pool, cb_pool_fn fn, void *ctx);
+/* Total time the caller has waited for workers after finishing its own share
+ * (thread synchronisation cost), in ms, over the pool's life. */
+double   cb_pool_wait_ms(const cb_pool *pool);
 
 /* ---------------------------------------------------------------- matmul */
 

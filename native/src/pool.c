@@ -58,6 +58,7 @@ struct cb_pool {
     atomic_int   stop;       /* 1: workers exit */
     pthread_mutex_t mu;      /* guards the sleep / wake handshake */
     pthread_cond_t  cv;      /* signalled when gen moves while workers sleep */
+    int64_t      wait_ns;    /* caller time spent waiting for workers after its own share (sync cost) */
 };
 
 static int64_t now_ns(void) {
@@ -184,8 +185,14 @@ void cb_pool_run(cb_pool *p, cb_pool_fn fn, void *ctx) {
             atomic_fetch_sub_explicit(&p->pending, 1, memory_order_relaxed);
         }
     }
-    for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; spins++) {
-        if (spins < CB_POOL_PAUSE_SPINS) cpu_relax();
-        else sched_yield();
+    if (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
+        int64_t t0 = now_ns();
+        for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; spins++) {
+            if (spins < CB_POOL_PAUSE_SPINS) cpu_relax();
+            else sched_yield();
+        }
+        p->wait_ns += now_ns() - t0;
     }
 }
+
+double cb_pool_wait_ms(const cb_pool *p) { return p ? (double)p->wait_ns * 1e-6 : 0.0; }
