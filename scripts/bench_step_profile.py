@@ -10,7 +10,7 @@ import numpy as np
 
 from colibri_lab import _engine, models
 
-PHASES = ("matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "other_ms")
+PHASES = ("matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "other_ms", "norm_ms", "rope_ms", "sync_ms")
 
 
 def main():
