@@ -195,7 +195,7 @@ def test_speculative_sampling_preserves_the_next_token_distribution(make_tiny):
     w = make_tiny(wtype="F32", n_vocab=288)
     model = _engine.Model(str(w.path))
     prompt = [10, 20, 30, 40, 10, 20, 30, 40, 10, 20, 30, 40, 10, 20]
-    spec = {"sources": ["prompt_lookup"], "k_max": 3, "adaptive": False}
+    spec = {"sources": ["prompt_lookup"], "k_max": 3, "adaptive": False, "ngram_min": 1}
     core = _engine.Engine(model, n_slots=16, n_ctx=64, n_threads=1)
     n = 3000
     res = run_all(core, [(prompt, dict(max_tokens=3, temperature=1.0, seed=s, ignore_eos=True, speculative=spec))

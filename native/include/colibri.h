@@ -258,7 +258,7 @@ typedef struct {
     int adaptive;   /* 1: choose k from measured acceptance and verify cost, pause a source
                        whose expected gain is below 1 (default 1); 0: always draft k_max    */
     int ngram_max;  /* prompt lookup: longest suffix n-gram to match (default 3)             */
-    int ngram_min;  /* prompt lookup: shortest (default 1)                                   */
+    int ngram_min;  /* prompt lookup: shortest (default 2)                                   */
 } cb_spec_params;
 
 cb_spec_params cb_spec_default_params(void);
