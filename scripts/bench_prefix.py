@@ -241,12 +241,7 @@ def main(argv=None) -> int:
                f"n={len(ratios)} pairs). Target <= 1.02: **{verdB}**.\n")
     verdicts.append(f"unshared workload e2e on/off {rmed:.3f} (CI {rlo:.3f}–{rhi:.3f}), target <= 1.02: "
                     f"{verdB}")
-    out.append("### Verdict\n")
-    out += [f"- {v}" for v in verdicts]
-    text = "\n".join(out)
-    print("\n" + text)
-    if not a.quick or a.out != ap.get_default("out"):
-        bu.write_doc(a.out, text)
+    bu.finish_report(out, verdicts, a, ap)
     return 0
 
 

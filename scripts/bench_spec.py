@@ -366,12 +366,7 @@ def main(argv=None) -> int:
                        f"{match}/{len(L['plain']['tokens'])} prompts\n")
             verdicts.append(f"ours lookup vs llama.cpp PLD: {bu.median(ours_vs):.2f}x its tok/s; its PLD speedup "
                             f"{bu.median(sp):.2f}x")
-    out.append("### Verdict\n")
-    out += [f"- {v}" for v in verdicts]
-    text = "\n".join(out)
-    print("\n" + text)
-    if not a.quick or a.out != ap.get_default("out"):
-        bu.write_doc(a.out, text)
+    bu.finish_report(out, verdicts, a, ap)
     return 0
 
 

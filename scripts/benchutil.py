@@ -122,6 +122,17 @@ def write_doc(path, text):
     print(f"wrote {path}")
 
 
+def finish_report(out, verdicts, args, parser):
+    """Append the verdict list, print the report, and write it to args.out
+    (a --quick run writes only when --out was given explicitly)."""
+    out.append("### Verdict\n")
+    out += [f"- {v}" for v in verdicts]
+    text = "\n".join(out)
+    print("\n" + text)
+    if not args.quick or args.out != parser.get_default("out"):
+        write_doc(args.out, text)
+
+
 def abba(r, a="A", b="B"):
     """Order of the two arms in repeat r: A B, B A, B A, A B, ... (ABBA blocks)."""
     return (a, b) if r % 4 in (0, 3) else (b, a)

@@ -263,17 +263,24 @@ class ChoiceStream:
         return ("", calls) if calls else (self.buf, None)
 
 
-def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) -> None:
-    srv, engine = ctx.srv, ctx.engine
-    created = C.now()
-
+def _chunk_maker(srv, rid, model, created, obj, include_usage):
+    """Builder of one stream's chunks; with include_usage every chunk carries "usage": null
+    (only the final usage chunk fills it)."""
     def chunk(choices, **extra):
-        d = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+        d = {"id": rid, "object": obj, "created": created, "model": model,
              "system_fingerprint": srv.fingerprint, "choices": choices}
         if include_usage:
             d["usage"] = None
         d.update(extra)
         return d
+    return chunk
+
+
+def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) -> None:
+    srv, engine = ctx.srv, ctx.engine
+    created = C.now()
+
+    chunk = _chunk_maker(srv, rid, model, created, "chat.completion.chunk", include_usage)
 
     states = {i: ChoiceStream(tm) for i in range(n)}
     pend_lp = {i: [] for i in range(n)}
@@ -427,13 +434,7 @@ def _completion_stream(ctx, gen, rid, model, n_choices, n_lp, prompt_text, inclu
     srv, engine = ctx.srv, ctx.engine
     created = C.now()
 
-    def chunk(choices, **extra):
-        d = {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "system_fingerprint": srv.fingerprint, "choices": choices}
-        if include_usage:
-            d["usage"] = None
-        d.update(extra)
-        return d
+    chunk = _chunk_maker(srv, rid, model, created, "text_completion", include_usage)
 
     pend = {i: ([], []) for i in range(n_choices)}
     offs = {i: len(prompt_text.get(i, "")) for i in range(n_choices)}
