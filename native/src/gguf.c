@@ -350,6 +350,16 @@ static int cmp_span(const void *a, const void *b)
 
 /* ------------------------------------------------------------ parse */
 
+void cb_gguf_drop_pages(const cb_gguf *g, const void *p, size_t n) {
+    const uintptr_t lo = (uintptr_t)g->map, hi = lo + g->map_size;
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    if (!g->map || a < lo || b > hi || b < a) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    if (b > a) madvise((void *)a, (size_t)(b - a), MADV_DONTNEED);
+}
+
 void cb_gguf_close(cb_gguf *g)
 {
     if (!g) return;

@@ -69,6 +69,9 @@ int  cb_gguf_parse(cb_gguf *g, const void *data, size_t size, char *err, size_t 
 int  cb_gguf_open(cb_gguf *g, const char *path, char *err, size_t err_len);
 /* Free what parse/open allocated and unmap; safe on a zeroed or closed struct. */
 void cb_gguf_close(cb_gguf *g);
+/* Drop the resident pages wholly inside [p, p + n) of the read-only file
+ * mapping (a hint: later reads fault them back in from the file). */
+void cb_gguf_drop_pages(const cb_gguf *g, const void *p, size_t n);
 
 /* Lookups: index / pointer, or -1 / NULL when absent. */
 int64_t               cb_gguf_find_key(const cb_gguf *g, const char *key);

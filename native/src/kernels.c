@@ -193,6 +193,7 @@ size_t cb_matmul_scratch(int64_t n_in, int n_rows) {
  * scheduling copes with a co-tenant stealing a core).  Chunk starts are
  * multiples of CB_CHUNK_ALIGN so threads never share a cache line of y. */
 #define CB_CHUNK_ALIGN 16
+_Static_assert(CB_CHUNK_ALIGN % CB_PANEL == 0, "a work item must start on a panel");
 
 typedef struct {
     const cb_kernels *k;      /* SIMD level */
@@ -361,6 +362,54 @@ void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out) {
     }
 }
 
+/* ------------------------------------------------------------ panel layout */
+
+size_t cb_pack_block_bytes(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0: return 32 + 256;
+    case CB_TYPE_Q4_1: return 64 + 256;
+    case CB_TYPE_Q8_0: return 32 + 512;
+    default: return 0;
+    }
+}
+
+size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out) {
+    const size_t pb = cb_pack_block_bytes(type);
+    if (!pb || n_in <= 0 || n_out <= 0 || n_in % CB_QK || n_in / CB_QK > CB_PACK_MAX_BLOCKS) return 0;
+    const size_t panels = (size_t)((n_out + CB_PANEL - 1) / CB_PANEL);
+    return panels * (size_t)(n_in / CB_QK) * pb;
+}
+
+void cb_pack_weight(const cb_weight *w, void *dst) {
+    const size_t pb = cb_pack_block_bytes(w->type);
+    if (!pb) return;
+    const int64_t nb = w->n_in / CB_QK;
+    const int64_t panels = (w->n_out + CB_PANEL - 1) / CB_PANEL;
+    const size_t bsz = cb_type_block_bytes(w->type);
+    uint8_t *out = dst;
+    memset(out, 0, cb_pack_bytes(w->type, w->n_in, w->n_out));  /* padding lanes */
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *pk = out + ((size_t)p * (size_t)nb + (size_t)b) * pb;
+            for (int j = 0; j < CB_PANEL; j++) {
+                const int64_t o = p * CB_PANEL + j;
+                if (o >= w->n_out) break;
+                const uint8_t *blk = (const uint8_t *)w->data + (size_t)o * w->row_bytes + (size_t)b * bsz;
+                memcpy(pk + 2 * j, blk, 2);                       /* d */
+                if (w->type == CB_TYPE_Q8_0) {
+                    for (int g = 0; g < 8; g++)
+                        for (int i = 0; i < 4; i++)
+                            pk[32 + 64 * g + 4 * j + i] = (uint8_t)(blk[2 + 4 * g + i] ^ 0x80u);
+                } else {
+                    const size_t qoff = w->type == CB_TYPE_Q4_1 ? 4 : 2;  /* qs after d (and m) */
+                    uint8_t *q = pk + (w->type == CB_TYPE_Q4_1 ? 64 : 32);
+                    if (w->type == CB_TYPE_Q4_1) memcpy(pk + 32 + 2 * j, blk + 2, 2);  /* m */
+                    for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * j, blk + qoff + 4 * c, 4);
+                }
+            }
+        }
+}
+
 /* ------------------------------------------------------------- test hook */
 
 int cb_kernel_matmul(int type, const void *w, int n_out, int n_in,
@@ -376,16 +425,27 @@ int cb_kernel_matmul(int type, const void *w, int n_out, int n_in,
     cb_weight wt;
     wt.type = type; wt.n_in = n_in; wt.n_out = n_out; wt.data = w;
     wt.row_bytes = cb_type_size(type, n_in);
+    wt.packed = NULL;
+    /* As the engine does at model load: AVX-512 reads the panel layout. */
+    void *packed = NULL;
+    const size_t pbytes = cb_pack_bytes(type, n_in, n_out);
+    if (simd == CB_SIMD_AVX512 && pbytes) {
+        packed = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
+        if (!packed) return CB_ERR_NOMEM;
+        cb_pack_weight(&wt, packed);
+        wt.packed = packed;
+    }
     const size_t sbytes = cb_matmul_scratch(n_in, n_rows);
     void *scratch = aligned_alloc(64, sbytes);
-    if (!scratch) return CB_ERR_NOMEM;
+    if (!scratch) { free(packed); return CB_ERR_NOMEM; }
     cb_pool *pool = NULL;
     if (n_threads > 1) {
         pool = cb_pool_new(n_threads);
-        if (!pool) { free(scratch); return CB_ERR_NOMEM; }
+        if (!pool) { free(scratch); free(packed); return CB_ERR_NOMEM; }
     }
     cb_matmul(pool, k, &wt, x, n_rows, y, scratch);
     cb_pool_free(pool);
     free(scratch);
+    free(packed);
     return CB_OK;
 }

@@ -74,7 +74,45 @@ typedef struct {
     int64_t     n_out;      /* rows (GGUF ne[1]) */
     const void *data;
     size_t      row_bytes;  /* cb_type_size(type, n_in) */
+    const void *packed;     /* the same matrix in the panel layout below, or NULL */
 } cb_weight;
+
+/* Panel layout of Q4_0 / Q4_1 / Q8_0 matrices, built once at model load for
+ * the AVX-512 kernels (the scalar and AVX2 kernels read `data`).
+ *
+ * Why: in the file layout the 32 weights of one block of one output row are
+ * contiguous, so an int8 dot product ends with 32 partial sums of ONE output
+ * spread over a vector, and every block needs a horizontal fold plus three
+ * float ops per 64 multiply-adds: at a few activation rows (batched decode,
+ * draft verification) the kernel is bound by those float ops, not by memory.
+ * In the panel layout one 32-bit lane holds 4 consecutive weights of one
+ * output, and 16 lanes hold 16 outputs, so a block of 16 outputs is 8
+ * vpdpbusd that leave one finished integer sum per output in each lane: the
+ * float work per block drops from 8 vectors to 1 and is shared by 16 outputs.
+ *
+ * Outputs are grouped in panels of CB_PANEL rows (the last one padded), and a
+ * panel stores its blocks in order, each as cb_pack_block_bytes(type) bytes:
+ *   d[16]   f16 scales of the 16 outputs (32 bytes),
+ *   m[16]   f16 mins (Q4_1 only, 32 bytes),
+ *   qs      Q4_0 / Q4_1: 4 chunks x 16 outputs x 4 bytes, chunk c holding
+ *           bytes 4c..4c+3 of each output's qs (low nibbles = elements
+ *           4c..4c+3, high nibbles = elements 16+4c..16+4c+3);
+ *           Q8_0: 8 groups x 16 outputs x 4 bytes, group g holding elements
+ *           4g..4g+3 as unsigned bytes q + 128.
+ * Panel p of a matrix starts at p * (n_in/32) * cb_pack_block_bytes(type). */
+#define CB_PANEL 16
+/* Rows longer than this many blocks (131072 inputs) keep the file layout
+ * only (the AVX-512 kernel sizes a per-call stack buffer by it). */
+#define CB_PACK_MAX_BLOCKS 4096
+
+/* Bytes per (panel, block) for a type, 0 if the type has no panel layout. */
+size_t cb_pack_block_bytes(int type);
+/* Bytes of the panel layout of a type's n_out x n_in matrix (0: none,
+ * including rows past CB_PACK_MAX_BLOCKS). */
+size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out);
+/* Write w (file layout, w->data) in the panel layout into dst
+ * (cb_pack_bytes() bytes).  Pure byte shuffles: values are unchanged. */
+void   cb_pack_weight(const cb_weight *w, void *dst);
 
 /* Function table of one SIMD level. */
 typedef struct {

@@ -135,7 +135,7 @@ static int get_norm(const cb_model *m, const char *name, int64_t n, float **out,
     }
     float *v = malloc((size_t)n * sizeof(float));
     if (!v) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
-    cb_weight w = { (int)t->type, n, 1, t->data, cb_type_size((int)t->type, n) };
+    cb_weight w = { (int)t->type, n, 1, t->data, cb_type_size((int)t->type, n), NULL };
     cb_weight_row_f32(&w, 0, v);
     *out = v;
     return CB_OK;
@@ -507,6 +507,75 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
     return CB_OK;
 }
 
+/* ---------------------------------------------------------------- packing */
+
+/* One matrix to pack: w, packed in groups of `rows` rows (an expert stack is
+ * packed expert by expert so that cb_expert_view finds whole panels). */
+typedef struct { cb_weight *w; int64_t rows; } pack_item;
+
+/* The model's quantized matrices (output last; tied output is tok_embd's
+ * data, whose file layout stays for embedding lookups).  Returns the count;
+ * items may be NULL to count only. */
+static int pack_list(cb_model *m, pack_item *items) {
+    int n = 0;
+#define P(W, R) do { if ((W).data && cb_pack_bytes((W).type, (W).n_in, (R))) { \
+        if (items) { items[n].w = &(W); items[n].rows = (R); } n++; } } while (0)
+    for (int l = 0; l < m->info.n_layer; l++) {
+        cb_layer *L = &m->layers[l];
+        P(L->wq, L->wq.n_out); P(L->wk, L->wk.n_out); P(L->wv, L->wv.n_out); P(L->wo, L->wo.n_out);
+        P(L->w_gate, L->w_gate.n_out); P(L->w_up, L->w_up.n_out); P(L->w_down, L->w_down.n_out);
+        P(L->gate_inp, L->gate_inp.n_out);
+        P(L->gate_exps, m->n_ff_exp); P(L->up_exps, m->n_ff_exp); P(L->down_exps, m->info.n_embd);
+        P(L->gate_shexp, L->gate_shexp.n_out); P(L->up_shexp, L->up_shexp.n_out);
+        P(L->down_shexp, L->down_shexp.n_out);
+    }
+    P(m->output, m->output.n_out);
+#undef P
+    return n;
+}
+
+/* Build the panel layout of every quantized matrix when this CPU runs the
+ * AVX-512 kernels (engines at other SIMD levels keep reading the file
+ * layout through the mapping).  Afterwards the file pages of the packed
+ * ranges are dropped from this process (they fault back in from the page
+ * cache when a scalar / AVX2 engine or an embedding lookup of a tied output
+ * reads them), so resident memory stays about one copy of the weights. */
+static int pack_weights(cb_model *m, char *err, size_t err_len) {
+    if (!cb_kernels_get(CB_SIMD_AVX512)) return CB_OK;
+    const int n = pack_list(m, NULL);
+    if (n == 0) return CB_OK;
+    pack_item *items = malloc((size_t)n * sizeof *items);
+    if (!items) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
+    pack_list(m, items);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const cb_weight *w = items[i].w;
+        const int64_t groups = w->n_out / items[i].rows;
+        total += (size_t)groups * cb_pack_bytes(w->type, w->n_in, items[i].rows);
+    }
+    m->packed = aligned_alloc(64, (total + 63) & ~(size_t)63);
+    if (!m->packed) { free(items); set_err(err, err_len, "out of memory packing %zu bytes of weights", total); return CB_ERR_NOMEM; }
+    m->packed_bytes = total;
+    uint8_t *dst = m->packed;
+    for (int i = 0; i < n; i++) {
+        cb_weight *w = items[i].w;
+        const int64_t rows = items[i].rows, groups = w->n_out / rows;
+        const size_t gbytes = cb_pack_bytes(w->type, w->n_in, rows);
+        for (int64_t e = 0; e < groups; e++) {
+            cb_weight g = *w;
+            g.n_out = rows;
+            g.data = (const uint8_t *)w->data + (size_t)e * (size_t)rows * w->row_bytes;
+            cb_pack_weight(&g, dst + (size_t)e * gbytes);
+        }
+        w->packed = dst;
+        dst += (size_t)groups * gbytes;
+    }
+    for (int i = 0; i < n; i++)
+        cb_gguf_drop_pages(&m->gguf, items[i].w->data, (size_t)items[i].w->n_out * items[i].w->row_bytes);
+    free(items);
+    return CB_OK;
+}
+
 int cb_model_load(const char *path, const cb_model_params *params, cb_model **out,
                   char *err, size_t err_len) {
     if (err && err_len) err[0] = 0;
@@ -536,6 +605,7 @@ int cb_model_load(const char *path, const cb_model_params *params, cb_model **ou
     snprintf(m->info.arch, sizeof m->info.arch, "%s", arch->name);
     if ((rc = build_llama(m, arch, arch->name, err, err_len))) goto fail;
     if ((rc = load_vocab(m, err, err_len))) goto fail;
+    if ((rc = pack_weights(m, err, err_len))) goto fail;
 
     int64_t v;
     if (cb_gguf_get_int(&m->gguf, "tokenizer.ggml.bos_token_id", &v, NULL, 0) == CB_OK && v >= 0 && v < m->info.n_vocab) m->info.bos_id = (int)v;
@@ -569,6 +639,7 @@ void cb_model_free(cb_model *m) {
     free(m->tok_off);
     free(m->tok_type);
     free(m->tok_eog);
+    free(m->packed);
     cb_gguf_close(&m->gguf);
     free(m);
 }

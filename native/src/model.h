@@ -72,6 +72,10 @@ struct cb_model {
     uint32_t      *tok_off;      /* [n_vocab + 1] owned */
     uint8_t       *tok_type;     /* [n_vocab] GGUF token types (1 if absent) */
     uint8_t       *tok_eog;      /* [n_vocab] 1 = ends generation */
+    /* Quantized matrices in the AVX-512 panel layout (kernels.h), one block
+     * that every packed cb_weight points into; NULL without AVX-512. */
+    void          *packed;       /* owned */
+    size_t         packed_bytes;
 };
 
 /* Expert e's slice of a stacked expert tensor as a plain 2-D weight of
@@ -80,6 +84,10 @@ static inline cb_weight cb_expert_view(const cb_weight *stack, int64_t rows_per_
     cb_weight w = *stack;
     w.n_out = rows_per_expert;
     w.data = (const uint8_t *)stack->data + (size_t)e * (size_t)rows_per_expert * stack->row_bytes;
+    /* stacks are packed expert by expert (each padded to whole panels) */
+    if (stack->packed)
+        w.packed = (const uint8_t *)stack->packed +
+                   (size_t)e * cb_pack_bytes(stack->type, stack->n_in, rows_per_expert);
     return w;
 }
 

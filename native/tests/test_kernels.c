@@ -215,6 +215,20 @@ static void test_quantize_act(const cb_kernels *k) {
 }
 
 /* Compare one type at one SIMD level on one shape. */
+/* AVX-512 reads quantized weights in the panel layout, as the engine packs
+ * them at model load; other levels read the file layout.  Sets w->packed
+ * and returns the buffer to free (NULL when not packed). */
+static void *pack_for(const cb_kernels *k, cb_weight *w) {
+    w->packed = NULL;
+    const size_t bytes = cb_pack_bytes(w->type, w->n_in, w->n_out);
+    if (k->simd != CB_SIMD_AVX512 || !bytes) return NULL;
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    CHECK(p != NULL);
+    cb_pack_weight(w, p);
+    w->packed = p;
+    return p;
+}
+
 static void test_matmul_shape(const cb_kernels *k, int type, int n_out, int n_in, int n_rows) {
     const char *lvl = cb_simd_name(k->simd), *tn = cb_type_name(type);
     const size_t rb = ref_row_bytes(type, n_in);
@@ -238,8 +252,11 @@ static void test_matmul_shape(const cb_kernels *k, int type, int n_out, int n_in
     for (int i = 0; i < n_in * n_rows; i++) x[i] = rnd_f() * 2.0f;
     if (is_quant(type)) for (int r = 0; r < n_rows; r++) ref_quant_act(x + r * n_in, n_in, xd + r * (n_in / 32), xq + r * n_in);
 
-    cb_weight wt = { type, n_in, n_out, w, cb_type_size(type, n_in) };
+    cb_weight wt = { type, n_in, n_out, w, cb_type_size(type, n_in), NULL };
     CHECK(wt.row_bytes == rb);
+    /* AVX-512 reads quantized weights in the panel layout (as the engine
+     * packs them at model load); the other levels read the file layout. */
+    void *packed = pack_for(k, &wt);
 
     /* Reference: each row alone, one thread, whole o-range. */
     for (int r = 0; r < n_rows; r++) {
@@ -295,6 +312,7 @@ static void test_matmul_shape(const cb_kernels *k, int type, int n_out, int n_in
         /* random split of [0, n_out) into up to 3 ranges */
         int a = (int)(rnd_u32() % (n_out + 1)), c = (int)(rnd_u32() % (n_out + 1));
         if (a > c) { int t = a; a = c; c = t; }
+        if (wt.packed) { a -= a % CB_PANEL; c -= c % CB_PANEL; }  /* ranges start on panels */
         k->matmul_rows(&wt, qb, x, nr, y, n_out, 0, a);
         k->matmul_rows(&wt, qb, x, nr, y, n_out, a, c);
         k->matmul_rows(&wt, qb, x, nr, y, n_out, c, n_out);
@@ -318,7 +336,7 @@ static void test_matmul_shape(const cb_kernels *k, int type, int n_out, int n_in
     CHECK(cb_kernel_matmul(type, w, n_out, n_in, x, n_rows, y2, k->simd, 2) == CB_OK);
     CHECK_MSG(memcmp(y2, y1, sizeof(float) * n_out * n_rows) == 0, "%s %s: cb_kernel_matmul differs", lvl, tn);
 
-    free(w); free(wf); free(x); free(y); free(y1); free(y2); free(wd); free(xd); free(xq); free(scratch);
+    free(w); free(wf); free(x); free(y); free(y1); free(y2); free(wd); free(xd); free(xq); free(scratch); free(packed);
 }
 
 /* cb_matmul_multi: n_w weights of mixed types and sizes (sharing n_in) in
@@ -331,6 +349,7 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
     const cb_weight *wp[NW];
     float *yref[NW], *ymul[NW];
     uint8_t *wdata[NW];
+    void *wpk[NW];
     float *wf = malloc(sizeof(float) * n_in);
     float *x = malloc(sizeof(float) * n_in * n_rows);
     void *scratch = aligned_alloc(64, cb_matmul_scratch(n_in, n_rows));
@@ -346,6 +365,7 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
         }
         wt[i].type = type; wt[i].n_in = n_in; wt[i].n_out = n_out; wt[i].data = wdata[i];
         wt[i].row_bytes = cb_type_size(type, n_in);
+        wpk[i] = pack_for(k, &wt[i]);
         wp[i] = &wt[i];
         yref[i] = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * n_rows);
         ymul[i] = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * n_rows);
@@ -365,7 +385,7 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
         }
         cb_pool_free(pool);
     }
-    for (int i = 0; i < NW; i++) { free(wdata[i]); free(yref[i]); free(ymul[i]); }
+    for (int i = 0; i < NW; i++) { free(wdata[i]); free(wpk[i]); free(yref[i]); free(ymul[i]); }
     free(wf); free(x); free(scratch);
 }
 
@@ -397,7 +417,7 @@ static void test_row_dequant(void) {
         ref_quantize_row(type, x, N, raw);
         memset(two, 0, sizeof(two));
         memcpy(two + ref_row_bytes(type, N), raw, ref_row_bytes(type, N));
-        cb_weight w = { type, N, 2, two, cb_type_size(type, N) };
+        cb_weight w = { type, N, 2, two, cb_type_size(type, N), NULL };
         cb_weight_row_f32(&w, 1, out);
         ref_dequant_row(type, raw, N, ref);
         int bad = 0;
@@ -443,24 +463,23 @@ int main(void) {
         test_matmul_shape(k, CB_TYPE_F16, 6, 21, 4);
         test_matmul_shape(k, CB_TYPE_BF16, 3, 13, 5);
     }
-    /* a row longer than one super-chunk of AVX-512 scales (256 blocks) */
+    /* Long rows, and the AVX-512 per-call Q4_0 / Q8_0 corrections, kept for
+     * row groups of PC_MAX / blocks rows (80 rows at 48 blocks: 90 rows take
+     * two groups); rows past CB_PACK_MAX_BLOCKS have no panel layout and
+     * take the AVX2 kernel.  Every path must give the single-row bits. */
     for (int s = CB_SIMD_SCALAR; s <= CB_SIMD_AVX512; s++) {
         const cb_kernels *k = cb_kernels_get(s);
         if (k) { test_matmul_shape(k, CB_TYPE_Q4_1, 6, 32 * 300, 5); test_matmul_shape(k, CB_TYPE_Q8_0, 5, 32 * 270, 2); }
     }
-    /* AVX-512 per-call activation side data: Q4_0 / Q8_0 corrections are
-     * precomputed only while n_rows * blocks <= 512 (12 x 48 is past it, so
-     * larger prefixes compute them in the loop); Q4_1 block sums go in row
-     * groups of 84 rows at 48 blocks (90 rows: two groups); a row of more
-     * than 4096 blocks reads them in the loop.  Every path must give the
-     * single-row bits. */
     for (int s = CB_SIMD_SCALAR; s <= CB_SIMD_AVX512; s++) {
         const cb_kernels *k = cb_kernels_get(s);
         if (!k) continue;
         test_matmul_shape(k, CB_TYPE_Q8_0, 6, 1536, 12);
         test_matmul_shape(k, CB_TYPE_Q4_0, 6, 1536, 12);
         test_matmul_shape(k, CB_TYPE_Q4_1, 5, 1536, 90);
+        test_matmul_shape(k, CB_TYPE_Q8_0, 21, 1536, 90);
         test_matmul_shape(k, CB_TYPE_Q4_1, 3, 32 * 4100, 2);
+        test_matmul_shape(k, CB_TYPE_Q4_0, 3, 32 * 4100, 2);
     }
     for (int s = CB_SIMD_SCALAR; s <= CB_SIMD_AVX512; s++) {
         const cb_kernels *k = cb_kernels_get(s);

@@ -102,7 +102,7 @@ static void test_matmul(int type) {
     for (int i = 0; i < N_ROWS * N_IN; i++) x[i] = rndf();
     const cb_kernels *ks = cb_kernels_get(CB_SIMD_SCALAR);
     for (int r = 0; r < N_ROWS; r++) ks->quantize_q8(x + r * N_IN, xq + r * (N_IN / 32), N_IN);
-    cb_weight wt = { type, N_IN, N_OUT, w, rb };
+    cb_weight wt = { type, N_IN, N_OUT, w, rb, NULL };
     for (int lvl = 0; lvl <= 2; lvl++) {
         if (lvl > 0 && cb_simd_detect() < lvl) { memcpy(y[lvl], y[0], sizeof y[0]); continue; }
         cb_kq_matmul_rows(lvl, &wt, xq, N_ROWS, y[lvl], N_OUT, 0, N_OUT);
