@@ -200,6 +200,50 @@ static inline float sanitize(float x) {
     return x;
 }
 
+/* sanitize() without branches (same results), for the whole-vocabulary copy. */
+static inline float sanitize_bf(float x) {
+    x = x != x ? -INFINITY : x;
+    return x == INFINITY ? FLT_MAX : x;
+}
+
+/* dst = sanitized src, -inf where the mask bit is clear (mask may be NULL). */
+static void copy_logits(float *restrict dst, const float *restrict src, const uint32_t *restrict mask, int n) {
+    if (!mask) {
+        for (int i = 0; i < n; i++) dst[i] = sanitize_bf(src[i]);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const float x = sanitize_bf(src[i]);
+        dst[i] = ((mask[i >> 5] >> (i & 31)) & 1u) ? x : -INFINITY;
+    }
+}
+
+/* Lowest index of the maximum of l[0..n) (NaN entries never win), -1 if every
+ * entry is -inf or NaN; *max gets the maximum.  The maximum first, over 16 independent lanes
+ * (vectorizable, where one running compare-and-index is a serial chain),
+ * then the first index holding it: the same answer as a strict-> scan. */
+static int first_max(const float *l, int n, float *max) {
+    enum { LANES = 16 };
+    float mx[LANES];
+    for (int j = 0; j < LANES; j++) mx[j] = -INFINITY;
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) mx[j] = l[i + j] > mx[j] ? l[i + j] : mx[j];
+    float m = -INFINITY;
+    for (int j = 0; j < LANES; j++) m = mx[j] > m ? mx[j] : m;
+    for (; i < n; i++) m = l[i] > m ? l[i] : m;
+    *max = m;
+    if (m == -INFINITY) return -1;
+    for (i = 0; i + LANES <= n; i += LANES) {  /* find its block without branching per entry */
+        int hit = 0;
+        for (int j = 0; j < LANES; j++) hit |= l[i + j] == m;
+        if (hit) break;
+    }
+    for (; i < n; i++)
+        if (l[i] == m) return i;
+    return -1;
+}
+
 /* Logit bias: added in list order (a token listed twice gets both).  Tokens
  * already at -inf (masked, or -inf from the model) stay banned: a +inf bias
  * must not resurrect a grammar-forbidden token.  Out-of-range ids are
@@ -219,6 +263,12 @@ static void apply_bias(const cb_sampling_params *p, float *l, int n_vocab) {
  * Counting borrows scratch->probs (indexed by token id) as a counter, touching
  * only the entries of the window tokens, so the cost is O(window), not
  * O(vocab), and nothing is allocated.  Counts are exact in float up to 2^24. */
+static int penalties_on(const cb_sampling_params *p) {
+    return (p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f) ||   /* <= 0 / NaN: off */
+           (p->frequency_penalty != 0.0f && p->frequency_penalty == p->frequency_penalty) ||
+           (p->presence_penalty != 0.0f && p->presence_penalty == p->presence_penalty);
+}
+
 static void apply_penalties(const cb_sampling_params *p, float *l, float *cnt, int n_vocab,
                             const int32_t *hist, int n_hist) {
     int use_rep = p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f; /* <= 0 / NaN: off */
@@ -272,13 +322,25 @@ int cb_sample(const cb_sampling_params *p, cb_rng *rng, cb_sampler_scratch *s,
     int *idx = s->idx;
     float *pr = s->probs;
 
-    /* 1. copy + grammar mask (bit clear = forbidden) */
-    if (mask) {
-        for (int i = 0; i < n_vocab; i++)
-            l[i] = ((mask[i >> 5] >> (i & 31)) & 1u) ? sanitize(logits[i]) : -INFINITY;
-    } else {
-        for (int i = 0; i < n_vocab; i++) l[i] = sanitize(logits[i]);
+    /* 0. greedy with nothing to apply: the argmax of the raw logits (NaN
+     *    never wins; a +inf maximum takes the general path, where sanitize
+     *    ties it with FLT_MAX).  Speculative verification and batched
+     *    decode sample many rows per step, and the copy below is most of a
+     *    greedy call's cost. */
+    if (greedy && !mask && p->n_logit_bias == 0 && p->n_logprobs <= 0 && !penalties_on(p)) {
+        float m;
+        const int arg = first_max(logits, n_vocab, &m);
+        if (arg < 0) return CB_ERR_ARG;     /* every token -inf / NaN */
+        if (m != INFINITY) {
+            out->token = arg;
+            out->logprob = NAN;
+            out->n_top = 0;
+            return CB_OK;
+        }
     }
+
+    /* 1. copy + grammar mask (bit clear = forbidden) */
+    copy_logits(l, logits, mask, n_vocab);
 
     /* 2. bias, 3. penalties (sparse) */
     apply_bias(p, l, n_vocab);
@@ -289,10 +351,7 @@ int cb_sample(const cb_sampling_params *p, cb_rng *rng, cb_sampler_scratch *s,
     float m = -INFINITY;
     int arg = -1, n_valid = 0;
     if (greedy) {
-        for (int i = 0; i < n_vocab; i++) {
-            float x = l[i];
-            if (x > m) { m = x; arg = i; }
-        }
+        arg = first_max(l, n_vocab, &m);
         n_valid = arg >= 0;     /* only "any valid?" matters for greedy */
     } else {
         for (int i = 0; i < n_vocab; i++) {

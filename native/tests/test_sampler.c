@@ -710,6 +710,36 @@ static void test_bad_args(cb_sampler_scratch *s) {
     CHECK(cb_sample(&p, &rng, &bad, l, NULL, 0, NULL, &r) == CB_ERR_ARG);
 }
 
+/* The greedy shortcut (no mask, bias, penalties or logprobs: argmax of the
+ * raw row) must pick what the general path picks (forced by n_logprobs = 1,
+ * or by a mask that allows everything), over rows with ties, NaN, -inf,
+ * FLT_MAX and +inf scattered through the vectorized body and the tail. */
+static void test_greedy_shortcut(cb_sampler_scratch *s) {
+    const int n = s->n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)n);
+    uint32_t *all = malloc(sizeof(uint32_t) * (size_t)((n + 31) / 32));
+    for (int i = 0; i < (n + 31) / 32; i++) all[i] = 0xFFFFFFFFu;
+    cb_sampling_params fast = params(0.0f), slow = params(0.0f);
+    slow.n_logprobs = 1;
+    int bad = 0;
+    for (int it = 0; it < 400; it++) {
+        for (int i = 0; i < n; i++) l[i] = (float)(int)(lcg_uniform() * 50) * 0.25f;  /* many ties */
+        const int k = it % 8;
+        for (int j = 0; j < 1 + it % 5; j++) {
+            const int i = (int)(lcg_uniform() * n);
+            l[i] = k == 0 ? NAN : k == 1 ? -INFINITY : k == 2 ? FLT_MAX : k == 3 ? INFINITY : 100.0f;
+        }
+        if (it % 11 == 0) for (int i = 0; i < n; i++) l[i] = it % 2 ? NAN : -INFINITY;
+        cb_sample_result a, b, c;
+        const int ra = cb_sample(&fast, NULL, s, l, NULL, 0, NULL, &a);
+        const int rb = cb_sample(&slow, NULL, s, l, NULL, 0, NULL, &b);
+        const int rc = cb_sample(&fast, NULL, s, l, NULL, 0, all, &c);
+        if (ra != rb || ra != rc || (ra == CB_OK && (a.token != b.token || a.token != c.token))) bad++;
+    }
+    CHECK_MSG(bad == 0, "greedy shortcut differs from the general path on %d rows", bad);
+    free(l); free(all);
+}
+
 int main(void) {
     cb_sampler_scratch s8, sb;
     CHECK(cb_sampler_scratch_init(&s8, 8) == CB_OK);
@@ -723,6 +753,7 @@ int main(void) {
     test_distributions(&s8);
     test_determinism(&s8);
     test_big_vocab(&sb);
+    test_greedy_shortcut(&sb);
     test_bad_args(&s8);
     cb_sampler_scratch_free(&s8);
     cb_sampler_scratch_free(&sb);
