@@ -75,7 +75,7 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     c->hb2 = alloc64(B * ffw * sizeof(float));
     c->tmp = alloc64(B * I->n_embd * sizeof(float));
     c->rope = alloc64(B * I->n_rot * sizeof(float));
-    c->scores = alloc64((size_t)cb_pool_size(pool) * n_ctx * sizeof(float));
+    c->scores = alloc64((size_t)cb_pool_size(pool) * (size_t)(I->n_head / I->n_head_kv) * n_ctx * sizeof(float));
     c->xl = alloc64((size_t)n_logits * I->n_embd * sizeof(float));
     c->logits = alloc64((size_t)n_logits * I->n_vocab * sizeof(float));
     size_t s = cb_matmul_scratch(wide, n_batch);
@@ -223,37 +223,31 @@ static void task_rope_store(void *arg, int ith, int nth) {
     }
 }
 
-/* Causal attention: work items are (row, head) pairs split across threads. */
+/* Causal attention: work items are (row, KV head) pairs, each running the
+ * query heads that share that KV head (GQA) through one kernel call so K and
+ * V rows are read once per group.  With fewer items than 2 per thread (a
+ * decode step of one or two rows) the groups are split into single heads so
+ * every thread has work; heads are independent, so the result is the same. */
 static void task_attention(void *arg, int ith, int nth) {
     row_task *t = arg;
     cb_ctx *c = t->c;
     const cb_model_info *I = &c->model->info;
-    const cb_kernels *k = c->k;
-    int hd = I->head_dim, group = I->n_head / I->n_head_kv;
-    int n_items = t->n * I->n_head;
+    const int hd = I->head_dim, group = I->n_head / I->n_head_kv;
+    const int parts = t->n * I->n_head_kv >= 2 * nth ? 1 : group, per = group / parts;
+    const int n_items = t->n * I->n_head_kv * parts;
     int i0, i1;
     rows_range(n_items, ith, nth, &i0, &i1);
-    float *scores = c->scores + (size_t)ith * c->n_ctx;
-    float scale = 1.0f / sqrtf((float)hd);
-    size_t qdim = (size_t)I->n_head * hd;
+    float *scores = c->scores + (size_t)ith * group * c->n_ctx;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t qdim = (size_t)I->n_head * hd;
     for (int it = i0; it < i1; it++) {
-        int r = it / I->n_head, h = it % I->n_head, kh = h / group;
-        int slot = t->b->slot[r], n_pos = t->b->pos[r] + 1;
-        const float *q = c->q + r * qdim + (size_t)h * hd;
-        float *out = c->xb + r * qdim + (size_t)h * hd;
+        const int r = it / (I->n_head_kv * parts), kh = it / parts % I->n_head_kv;
+        const int h = kh * group + it % parts * per;  /* first query head of the item */
+        const int slot = t->b->slot[r], n_pos = t->b->pos[r] + 1;
         const float *K = kv_at(c, c->k_cache, t->layer, slot, 0) + (size_t)kh * hd;
         const float *V = kv_at(c, c->v_cache, t->layer, slot, 0) + (size_t)kh * hd;
-        float mx = -INFINITY;
-        for (int p = 0; p < n_pos; p++) {
-            float s = k->dot_f32(q, K + (size_t)p * c->kv_dim, hd) * scale;
-            scores[p] = s;
-            if (s > mx) mx = s;
-        }
-        float sum = 0;
-        for (int p = 0; p < n_pos; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
-        float inv = 1.0f / sum;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int p = 0; p < n_pos; p++) k->axpy_f32(out, scores[p] * inv, V + (size_t)p * c->kv_dim, hd);
+        c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)c->kv_dim, n_pos, scale,
+                   scores, c->xb + r * qdim + (size_t)h * hd);
     }
 }
 

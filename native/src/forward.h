@@ -34,7 +34,7 @@ typedef struct {
     float *hb, *hb2;              /* FFN gate / up              [n_batch x n_ff] */
     float *tmp;                   /* projection output          [n_batch x n_embd] */
     float *rope;                  /* cos/sin per row            [n_batch x n_rot] (cos, sin interleaved) */
-    float *scores;                /* attention scores per thread [n_threads x n_ctx] */
+    float *scores;                /* attention scores per thread [n_threads x GQA group x n_ctx] */
     float *xl;                    /* rows gathered for the head [n_logits x n_embd] */
     float *logits;                /* output                     [n_logits x n_vocab] */
     void  *mm_scratch;            /* quantized activations for cb_matmul */

@@ -362,6 +362,26 @@ void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out) {
     }
 }
 
+/* -------------------------------------------------------------- attention */
+
+void cb_attn_generic(cb_dot_fn dot, cb_axpy_fn axpy, const float *q, int g, int hd, const float *K,
+                     const float *V, size_t stride, int n_pos, float scale, float *scores, float *out) {
+    for (int j = 0; j < g; j++) {
+        const float *qj = q + (size_t)j * hd;
+        float *oj = out + (size_t)j * hd, *sj = scores + (size_t)j * n_pos;
+        float mx = -INFINITY;
+        for (int p = 0; p < n_pos; p++) {
+            sj[p] = dot(qj, K + (size_t)p * stride, hd) * scale;
+            if (sj[p] > mx) mx = sj[p];
+        }
+        float sum = 0.0f;
+        for (int p = 0; p < n_pos; p++) { sj[p] = expf(sj[p] - mx); sum += sj[p]; }
+        const float inv = 1.0f / sum;
+        memset(oj, 0, (size_t)hd * sizeof(float));
+        for (int p = 0; p < n_pos; p++) axpy(oj, sj[p] * inv, V + (size_t)p * stride, hd);
+    }
+}
+
 /* ------------------------------------------------------------ panel layout */
 
 size_t cb_pack_block_bytes(int type) {

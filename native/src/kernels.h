@@ -124,10 +124,21 @@ typedef struct {
      * (float types).  y row stride ldy. */
     void  (*matmul_rows)(const cb_weight *w, const cb_block_q8 *xq, const float *xf,
                          int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
-    /* Float helpers for attention and norms (fixed reduction order). */
-    float (*dot_f32)(const float *a, const float *b, int64_t n);
-    void  (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a*x */
+    /* Attention of g query heads that share one KV head (a GQA group) over
+     * cached positions [0, n_pos):
+     *   out[j] = sum_p softmax_p(scale * dot(q[j], K[p])) * V[p]
+     * q, out: g rows of hd floats; K, V: n_pos rows `stride` floats apart;
+     * scores: scratch of g * n_pos floats.  Head j's result depends only on
+     * q[j], K, V and n_pos (one fixed order), never on g or on the thread. */
+    void  (*attn)(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
+                  int n_pos, float scale, float *scores, float *out);
 } cb_kernels;
+
+/* attn built from a level's dot product and y += a * x (scalar and AVX2). */
+typedef float (*cb_dot_fn)(const float *a, const float *b, int64_t n);
+typedef void  (*cb_axpy_fn)(float *y, float a, const float *x, int64_t n);
+void cb_attn_generic(cb_dot_fn dot, cb_axpy_fn axpy, const float *q, int g, int hd, const float *K,
+                     const float *V, size_t stride, int n_pos, float scale, float *scores, float *out);
 
 /* Table for a level, or NULL if the CPU (or this build) lacks it. */
 const cb_kernels *cb_kernels_get(int simd);

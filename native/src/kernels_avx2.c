@@ -256,8 +256,13 @@ T2 static void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
 }
 
+static void attn_avx2(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
+                      int n_pos, float scale, float *scores, float *out) {
+    cb_attn_generic(dot_f32_avx2, axpy_f32_avx2, q, g, hd, K, V, stride, n_pos, scale, scores, out);
+}
+
 static const cb_kernels table = {
-    CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, dot_f32_avx2, axpy_f32_avx2
+    CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, attn_avx2
 };
 
 const cb_kernels *cb_kernels_avx2_table(void);

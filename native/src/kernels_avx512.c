@@ -28,6 +28,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
@@ -283,28 +284,89 @@ static void matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const 
     }
 }
 
-/* ------------------------------------------------------------ float helpers */
+/* -------------------------------------------------------------- attention */
 
-T512 static float dot_f32_avx512(const float *a, const float *b, int64_t n) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
-    }
-    return hsum16(acc);
+/* exp(x) for x <= 0 (softmax after subtracting the maximum): 2^n * e^r with
+ * n = round(x / ln 2), |r| <= ln 2 / 2, e^r by its degree-6 Taylor polynomial
+ * (truncation error < 2e-7 relative); inputs below -87 give ~1e-38. */
+T512 static INL __m512 exp_neg(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);      /* ln 2, high part */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);          /* ln 2, low part */
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
 }
 
-T512 static void axpy_f32_avx512(float *y, float a, const float *x, int64_t n) {
-    const __m512 va = _mm512_set1_ps(a);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m512 v = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
-        _mm512_mask_storeu_ps(y + i, m, v);
+/* Heads of the V pass that keep their accumulators in registers together. */
+#define ATTN_HEADS 4
+
+/* The three passes share K and V rows across the group's heads (loaded once
+ * per position) and keep everything in vectors: scores (one 16-lane fma
+ * chain per head over hd, hsum16), softmax (16 positions per vector, exp_neg),
+ * weighted V (per output chunk of 16, positions in order).  Per head every
+ * operation and its order are the same whatever g is. */
+T512 static void attn_avx512(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
+                             int n_pos, float scale, float *scores, float *out) {
+    /* 1. scores[j][p] = scale * dot(q[j], K[p]) */
+    for (int p = 0; p < n_pos; p++) {
+        const float *kp = K + (size_t)p * stride;
+        for (int j = 0; j < g; j++) {
+            const float *qj = q + (size_t)j * hd;
+            __m512 acc = _mm512_setzero_ps();
+            for (int i = 0; i < hd; i += 16) {
+                const __mmask16 m = tail_mask(hd - i);
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qj + i), _mm512_maskz_loadu_ps(m, kp + i), acc);
+            }
+            scores[(size_t)j * n_pos + p] = hsum16(acc) * scale;
+        }
+    }
+    /* 2. softmax per head: weights e^(s - max) / sum, in place */
+    for (int j = 0; j < g; j++) {
+        float *sj = scores + (size_t)j * n_pos;
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (int p = 0; p < n_pos; p += 16)
+            vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask(n_pos - p), sj + p));
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+        __m512 vsum = _mm512_setzero_ps();
+        for (int p = 0; p < n_pos; p += 16) {
+            const __mmask16 m = tail_mask(n_pos - p);
+            const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sj + p), mx)));
+            _mm512_mask_storeu_ps(sj + p, m, e);
+            vsum = _mm512_add_ps(vsum, e);
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / hsum16(vsum));
+        for (int p = 0; p < n_pos; p += 16) {
+            const __mmask16 m = tail_mask(n_pos - p);
+            _mm512_mask_storeu_ps(sj + p, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sj + p), inv));
+        }
+    }
+    /* 3. out[j] = sum_p w[j][p] * V[p], 16 outputs of up to ATTN_HEADS heads at a time */
+    for (int i = 0; i < hd; i += 16) {
+        const __mmask16 m = tail_mask(hd - i);
+        for (int j0 = 0; j0 < g; j0 += ATTN_HEADS) {
+            const int nj = g - j0 < ATTN_HEADS ? g - j0 : ATTN_HEADS;
+            __m512 acc[ATTN_HEADS];
+            for (int j = 0; j < ATTN_HEADS; j++) acc[j] = _mm512_setzero_ps();
+            for (int p = 0; p < n_pos; p++) {
+                const __m512 v = _mm512_maskz_loadu_ps(m, V + (size_t)p * stride + i);
+                for (int j = 0; j < nj; j++)
+                    acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(size_t)(j0 + j) * n_pos + p]), v, acc[j]);
+            }
+            for (int j = 0; j < nj; j++) _mm512_mask_storeu_ps(out + (size_t)(j0 + j) * hd + i, m, acc[j]);
+        }
     }
 }
 
 static const cb_kernels table = {
-    CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, dot_f32_avx512, axpy_f32_avx512
+    CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512
 };
 
 const cb_kernels *cb_kernels_avx512_table(void);

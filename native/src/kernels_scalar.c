@@ -141,8 +141,13 @@ static void axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static void attn_scalar(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
+                        int n_pos, float scale, float *scores, float *out) {
+    cb_attn_generic(dot_f32_scalar, axpy_f32_scalar, q, g, hd, K, V, stride, n_pos, scale, scores, out);
+}
+
 static const cb_kernels table = {
-    CB_SIMD_SCALAR, quantize_q8_scalar, matmul_rows_scalar, dot_f32_scalar, axpy_f32_scalar
+    CB_SIMD_SCALAR, quantize_q8_scalar, matmul_rows_scalar, attn_scalar
 };
 
 const cb_kernels *cb_kernels_scalar_table(void);

@@ -389,19 +389,47 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
     free(wf); free(x); free(scratch);
 }
 
-static void test_float_helpers(const cb_kernels *k) {
-    enum { N = 67 };
-    float a[N], b[N], y[N], y0[N];
-    for (int i = 0; i < N; i++) { a[i] = rnd_f(); b[i] = rnd_f(); y[i] = y0[i] = rnd_f(); }
-    for (int n = 1; n <= N; n += 11) {
-        double ref = 0, mag = 0;
-        for (int i = 0; i < n; i++) { ref += (double)a[i] * b[i]; mag += fabs((double)a[i] * b[i]); }
-        CHECK_MSG(fabs(k->dot_f32(a, b, n) - ref) <= 1e-6 * mag + 1e-30, "%s dot_f32 n=%d", cb_simd_name(k->simd), n);
-    }
-    k->axpy_f32(y, 0.5f, a, N);
-    int bad = 0;
-    for (int i = 0; i < N; i++) if (fabs(y[i] - (y0[i] + 0.5 * a[i])) > 1e-6) bad++;
-    CHECK(bad == 0);
+/* attn against a double-precision softmax reference, and head j's bits the
+ * same whether it runs alone or in a group of g heads (what the engine's
+ * work split relies on). */
+static void test_attention(const cb_kernels *k) {
+    static const int hds[] = { 64, 80, 7, 128 }, poss[] = { 1, 5, 17, 100 };
+    enum { G = 5, MAXP = 100, MAXHD = 128, STRIDE = 3 * MAXHD + 5 };
+    float *q = malloc(sizeof(float) * G * MAXHD), *out = malloc(sizeof(float) * G * MAXHD);
+    float *one = malloc(sizeof(float) * MAXHD), *sc = malloc(sizeof(float) * G * MAXP);
+    float *K = malloc(sizeof(float) * MAXP * STRIDE), *V = malloc(sizeof(float) * MAXP * STRIDE);
+    for (int i = 0; i < MAXP * STRIDE; i++) { K[i] = rnd_f() * 2.0f; V[i] = rnd_f(); }
+    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+        for (size_t b = 0; b < sizeof poss / sizeof poss[0]; b++) {
+            const int hd = hds[a], n_pos = poss[b];
+            const float scale = 1.0f / sqrtf((float)hd);
+            for (int i = 0; i < G * hd; i++) q[i] = rnd_f() * 3.0f;
+            k->attn(q, G, hd, K, V, STRIDE, n_pos, scale, sc, out);
+            double worst = 0;
+            int diff = 0;
+            for (int j = 0; j < G; j++) {
+                double s[MAXP], mx = -1e300, sum = 0;
+                for (int p = 0; p < n_pos; p++) {
+                    double d = 0;
+                    for (int i = 0; i < hd; i++) d += (double)q[j * hd + i] * K[p * STRIDE + i];
+                    s[p] = d * scale;
+                    if (s[p] > mx) mx = s[p];
+                }
+                for (int p = 0; p < n_pos; p++) { s[p] = exp(s[p] - mx); sum += s[p]; }
+                for (int i = 0; i < hd; i++) {
+                    double ref = 0;
+                    for (int p = 0; p < n_pos; p++) ref += s[p] / sum * V[p * STRIDE + i];
+                    const double e = fabs(out[j * hd + i] - ref);
+                    if (e > worst) worst = e;
+                }
+                k->attn(q + j * hd, 1, hd, K, V, STRIDE, n_pos, scale, sc, one);
+                if (memcmp(one, out + j * hd, sizeof(float) * hd) != 0) diff++;
+            }
+            CHECK_MSG(worst <= 2e-6, "%s attn hd=%d n_pos=%d: max abs error %g", cb_simd_name(k->simd), hd, n_pos, worst);
+            CHECK_MSG(diff == 0, "%s attn hd=%d n_pos=%d: %d heads differ alone vs in a group",
+                      cb_simd_name(k->simd), hd, n_pos, diff);
+        }
+    free(q); free(out); free(one); free(sc); free(K); free(V);
 }
 
 static void test_row_dequant(void) {
@@ -454,7 +482,7 @@ int main(void) {
         const cb_kernels *k = cb_kernels_get(s);
         if (!k) { printf("simd %s: not available, skipped\n", cb_simd_name(s)); continue; }
         test_quantize_act(k);
-        test_float_helpers(k);
+        test_attention(k);
         for (int t = 0; t < N_TYPES; t++)
             for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
                 test_matmul_shape(k, types[t], shapes[i][0], shapes[i][1], shapes[i][2]);
