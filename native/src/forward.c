@@ -154,21 +154,13 @@ static void rows_range(int n, int ith, int nth, int *r0, int *r1) {
     *r1 = *r0 + per < n ? *r0 + per : n;
 }
 
-static void rmsnorm_row(const float *x, const float *w, float *o, int n, float eps) {
-    /* sum of squares in double, fixed order: deterministic and accurate */
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) o[i] = x[i] * scale * w[i];
-}
-
 static void task_rmsnorm(void *arg, int ith, int nth) {
     row_task *t = arg;
     int r0, r1;
     rows_range(t->n, ith, nth, &r0, &r1);
     float eps = t->c->model->info.norm_eps;
     for (int r = r0; r < r1; r++)
-        rmsnorm_row(t->in + (size_t)r * t->dim, t->norm_w, t->out + (size_t)r * t->dim, t->dim, eps);
+        t->c->k->rmsnorm(t->in + (size_t)r * t->dim, t->norm_w, t->out + (size_t)r * t->dim, t->dim, eps);
 }
 
 /* Run a row task on the pool when there is enough work, else inline. */
@@ -208,11 +200,11 @@ static void task_rope_store(void *arg, int ith, int nth) {
             for (int i = 0; i < c->kv_dim; i++) { k[i] += L->bk[i]; v[i] += L->bv[i]; }
         }
         if (qk_norm == 1) {  /* qwen3: RMSNorm of each head, in place */
-            for (int h = 0; h < I->n_head; h++) rmsnorm_row(q + (size_t)h * hd, L->q_norm, q + (size_t)h * hd, hd, I->norm_eps);
-            for (int h = 0; h < I->n_head_kv; h++) rmsnorm_row(k + (size_t)h * hd, L->k_norm, k + (size_t)h * hd, hd, I->norm_eps);
+            for (int h = 0; h < I->n_head; h++) c->k->rmsnorm(q + (size_t)h * hd, L->q_norm, q + (size_t)h * hd, hd, I->norm_eps);
+            for (int h = 0; h < I->n_head_kv; h++) c->k->rmsnorm(k + (size_t)h * hd, L->k_norm, k + (size_t)h * hd, hd, I->norm_eps);
         } else if (qk_norm == 2) {  /* olmoe: RMSNorm of the whole projection */
-            rmsnorm_row(q, L->q_norm, q, (int)qdim, I->norm_eps);
-            rmsnorm_row(k, L->k_norm, k, c->kv_dim, I->norm_eps);
+            c->k->rmsnorm(q, L->q_norm, q, (int)qdim, I->norm_eps);
+            c->k->rmsnorm(k, L->k_norm, k, c->kv_dim, I->norm_eps);
         }
         const float *cs = c->rope + (size_t)r * I->n_rot;
         rope_apply(c->q + r * qdim, cs, I->n_head, I->head_dim, I->n_rot, I->rope_neox);
@@ -260,7 +252,7 @@ static void task_swiglu(void *arg, int ith, int nth) {
     rows_range(t->n, ith, nth, &r0, &r1);
     for (int r = r0; r < r1; r++) {
         float *g = c->hb + (size_t)r * n_ff, *u = c->hb2 + (size_t)r * n_ff;
-        for (int i = 0; i < n_ff; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        c->k->swiglu(g, u, n_ff);
     }
 }
 
@@ -503,7 +495,7 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
     for (int r = 0; r < n; r++) {
         int lr = b->logit_row[r];
         if (lr < 0) continue;
-        rmsnorm_row(c->x + (size_t)r * D, m->output_norm, c->xl + (size_t)lr * D, D, I->norm_eps);
+        c->k->rmsnorm(c->x + (size_t)r * D, m->output_norm, c->xl + (size_t)lr * D, D, I->norm_eps);
         if (lr + 1 > n_out) n_out = lr + 1;
     }
     if (n_out > 0) {

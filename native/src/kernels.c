@@ -382,6 +382,18 @@ void cb_attn_generic(cb_dot_fn dot, cb_axpy_fn axpy, const float *q, int g, int 
     }
 }
 
+void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps) {
+    /* sum of squares in double, fixed order: deterministic and accurate */
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) o[i] = x[i] * scale * w[i];
+}
+
+void cb_swiglu_generic(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 /* ------------------------------------------------------------ panel layout */
 
 size_t cb_pack_block_bytes(int type) {

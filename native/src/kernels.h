@@ -132,7 +132,16 @@ typedef struct {
      * q[j], K, V and n_pos (one fixed order), never on g or on the thread. */
     void  (*attn)(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
                   int n_pos, float scale, float *scores, float *out);
+    /* o = x * (1 / sqrt(mean(x^2) + eps)) * w over n floats, the sum of
+     * squares in double; o may be x. */
+    void  (*rmsnorm)(const float *x, const float *w, float *o, int n, float eps);
+    /* g = silu(g) * u = g / (1 + e^-g) * u over n floats (the SwiGLU gate). */
+    void  (*swiglu)(float *g, const float *u, int64_t n);
 } cb_kernels;
+
+/* The scalar rmsnorm and swiglu (also AVX2's). */
+void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps);
+void cb_swiglu_generic(float *g, const float *u, int64_t n);
 
 /* attn built from a level's dot product and y += a * x (scalar and AVX2). */
 typedef float (*cb_dot_fn)(const float *a, const float *b, int64_t n);

@@ -286,11 +286,11 @@ static void matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const 
 
 /* -------------------------------------------------------------- attention */
 
-/* exp(x) for x <= 0 (softmax after subtracting the maximum): 2^n * e^r with
- * n = round(x / ln 2), |r| <= ln 2 / 2, e^r by its degree-6 Taylor polynomial
- * (truncation error < 2e-7 relative); inputs below -87 give ~1e-38. */
-T512 static INL __m512 exp_neg(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+/* e^x as 2^n * e^r with n = round(x / ln 2), |r| <= ln 2 / 2, e^r by its
+ * degree-6 Taylor polynomial (truncation error < 2e-7 relative); x is
+ * clamped to [-87, 88], the range where e^x is a normal float. */
+T512 static INL __m512 exp512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);      /* ln 2, high part */
@@ -310,7 +310,7 @@ T512 static INL __m512 exp_neg(__m512 x) {
 
 /* The three passes share K and V rows across the group's heads (loaded once
  * per position) and keep everything in vectors: scores (one 16-lane fma
- * chain per head over hd, hsum16), softmax (16 positions per vector, exp_neg),
+ * chain per head over hd, hsum16), softmax (16 positions per vector, exp512),
  * weighted V (per output chunk of 16, positions in order).  Per head every
  * operation and its order are the same whatever g is. */
 T512 static void attn_avx512(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
@@ -338,7 +338,7 @@ T512 static void attn_avx512(const float *q, int g, int hd, const float *K, cons
         __m512 vsum = _mm512_setzero_ps();
         for (int p = 0; p < n_pos; p += 16) {
             const __mmask16 m = tail_mask(n_pos - p);
-            const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sj + p), mx)));
+            const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sj + p), mx)));
             _mm512_mask_storeu_ps(sj + p, m, e);
             vsum = _mm512_add_ps(vsum, e);
         }
@@ -365,8 +365,40 @@ T512 static void attn_avx512(const float *q, int g, int hd, const float *K, cons
     }
 }
 
+/* ------------------------------------------------------- norms, SwiGLU */
+
+/* Sum of squares in double over 2 x 8 lanes (fixed order), then the same
+ * (x * scale) * w per element as the scalar code. */
+T512 static void rmsnorm_avx512(const float *x, const float *w, float *o, int n, float eps) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    for (int i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    const double ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    const __m512 scale = _mm512_set1_ps((float)(1.0 / sqrt(ss / n + eps)));
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale);
+        _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+}
+
+T512 static void swiglu_avx512(float *g, const float *u, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 static const cb_kernels table = {
-    CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512
+    CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512, rmsnorm_avx512, swiglu_avx512
 };
 
 const cb_kernels *cb_kernels_avx512_table(void);

@@ -147,7 +147,8 @@ static void attn_scalar(const float *q, int g, int hd, const float *K, const flo
 }
 
 static const cb_kernels table = {
-    CB_SIMD_SCALAR, quantize_q8_scalar, matmul_rows_scalar, attn_scalar
+    CB_SIMD_SCALAR, quantize_q8_scalar, matmul_rows_scalar, attn_scalar, cb_rmsnorm_generic,
+    cb_swiglu_generic
 };
 
 const cb_kernels *cb_kernels_scalar_table(void);

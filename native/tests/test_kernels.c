@@ -389,6 +389,41 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
     free(wf); free(x); free(scratch);
 }
 
+/* rmsnorm (also in place) and swiglu against double references, over
+ * lengths that end in a partial vector and gates far into both tails. */
+static void test_norm_swiglu(const cb_kernels *k) {
+    static const int ns[] = { 1, 7, 64, 67, 576, 1536 };
+    enum { MAXN = 1536 };
+    float *x = malloc(sizeof(float) * MAXN), *w = malloc(sizeof(float) * MAXN);
+    float *o = malloc(sizeof(float) * MAXN), *g = malloc(sizeof(float) * MAXN), *u = malloc(sizeof(float) * MAXN);
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+        const int n = ns[a];
+        double ss = 0;
+        for (int i = 0; i < n; i++) { x[i] = rnd_f() * 4.0f; w[i] = 1.0f + rnd_f(); ss += (double)x[i] * x[i]; }
+        const double sc = 1.0 / sqrt(ss / n + 1e-5);
+        k->rmsnorm(x, w, o, n, 1e-5f);
+        int bad = 0;
+        for (int i = 0; i < n; i++) if (fabs(o[i] - x[i] * sc * w[i]) > 1e-6 * (fabs(x[i] * sc * w[i]) + 1e-6)) bad++;
+        k->rmsnorm(x, w, x, n, 1e-5f);  /* in place */
+        if (memcmp(x, o, sizeof(float) * n) != 0) bad++;
+        CHECK_MSG(bad == 0, "%s rmsnorm n=%d: %d wrong", cb_simd_name(k->simd), n, bad);
+
+        for (int i = 0; i < n; i++) {
+            g[i] = i % 13 == 5 ? (i % 2 ? 120.0f : -120.0f) : rnd_f() * 12.0f;
+            u[i] = rnd_f() * 2.0f;
+        }
+        memcpy(o, g, sizeof(float) * n);
+        k->swiglu(o, u, n);
+        bad = 0;
+        for (int i = 0; i < n; i++) {
+            const double ref = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+            if (fabs(o[i] - ref) > 2e-6 * fabs(ref) + 1e-30 && fabs(o[i] - ref) > 1e-30) bad++;
+        }
+        CHECK_MSG(bad == 0, "%s swiglu n=%d: %d wrong", cb_simd_name(k->simd), n, bad);
+    }
+    free(x); free(w); free(o); free(g); free(u);
+}
+
 /* attn against a double-precision softmax reference, and head j's bits the
  * same whether it runs alone or in a group of g heads (what the engine's
  * work split relies on). */
@@ -483,6 +518,7 @@ int main(void) {
         if (!k) { printf("simd %s: not available, skipped\n", cb_simd_name(s)); continue; }
         test_quantize_act(k);
         test_attention(k);
+        test_norm_swiglu(k);
         for (int t = 0; t < N_TYPES; t++)
             for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
                 test_matmul_shape(k, types[t], shapes[i][0], shapes[i][1], shapes[i][2]);
