@@ -175,7 +175,11 @@ def test_quantized_moe_matches_reference_while_routes_agree(moe_model, tmp_path,
     row whose routing (any layer) differs between engine and reference — a
     different expert set is a legitimate consequence of activation rounding
     near a routing tie, and changes all later rows through the KV."""
-    w = moe_model(arch=arch, wtype=wtype, seed=2, **kw)
+    # Default seed 0: with the residual-dominated tiny models (tinymodels
+    # "Conditioning") routing agrees with the reference for >= 17 of 24 rows
+    # in all five cases; seed 2, tuned for the unit-gain models, hits a
+    # routing near-tie at row 2 for qwen3moe/Q6_K.
+    w = moe_model(arch=arch, wtype=wtype, **kw)
     toks = prompt(24, w.hparams["n_vocab"])
     e = _engine(w, "scalar", 1)
     _need_experts_api(e)

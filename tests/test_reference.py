@@ -13,19 +13,24 @@ Tolerances (calibrated, see test_tolerances_can_fail and
 test_tolerances_admit_q8_activations):
   - F32, F16, BF16: 1e-4.  The reference runs on the exact stored weights,
     so only float32 accumulation order separates the two (~1e-6).
-  - Q8_0, Q4_0, Q4_1: 8e-2.  The reference also runs on the exact stored
-    (dequantized) weights, but a CPU engine may round activations to 8-bit
-    blocks (ggml's Q8_0/Q8_1) before integer dot products.  Emulating that
-    (LlamaRef(act_q8=True) in float32) moves these fixtures' logits by up to
-    3.7e-2 in this metric, and no second reference can follow it more
-    closely: one rounding flip in a K/V row re-draws the rounding noise of
-    every later row.  8e-2 is twice that, and still six times below the
-    smallest real mistake tried (wrong RoPE pairing, base, scaling, epsilon,
-    GQA head mapping all move logits by >= 0.5).  An engine with float
-    activations lands near 1e-6 here too; the exact kernel arithmetic is
-    pinned down by the C kernel tests, not by these end-to-end ones.
-    (Measured, scalar engine: F32/F16/BF16 <= 8.3e-7; Q8_0 3.1e-2, Q4_0
-    2.8e-2, Q4_1 3.0e-2 — the engine rounds activations to 8 bits.)
+  - Q8_0, Q4_0, Q4_1 (and any model with a quantized matrix): 2e-2.  The
+    reference also runs on the exact stored (dequantized) weights, but a CPU
+    engine may round activations to 8-bit blocks (ggml's Q8_0/Q8_1) before
+    integer dot products, ~0.5% relative noise per matrix product.  The
+    tiny models are residual-dominated (tinymodels "Conditioning":
+    attn_output gain 0.4, ffn_down gain 0.3), like trained models; with the
+    unit-gain models of earlier versions the same engine measured 2.8-3.2e-2
+    and this tolerance was 8e-2.  Measured now (every SIMD level, tied and
+    untied, prompts of 1-64 tokens): Q8_0 1.68e-2, Q4_0 1.39e-2, Q4_1
+    1.57e-2; emulating the rounding (LlamaRef(act_q8=True), float32) up to
+    1.83e-2.  No second reference can follow the engine more closely: one
+    rounding flip in a K/V row re-draws the rounding noise of every later
+    row.  The smallest real mistake tried (test_tolerances_can_fail: RoPE
+    pairing, base, scaling, epsilon, GQA head mapping, FFN gate/up order,
+    a block left out) moves logits by 0.21, >= 10x this tolerance.  An
+    engine with float activations lands near 1e-6 here too; the exact kernel
+    arithmetic is pinned down by the C kernel tests, not by these end-to-end
+    ones.  (F32/F16/BF16, every SIMD level: <= 3e-7.)
   - argmax: identical on every row, except where the reference's top two
     are within TIE * max|ref| (float types 1e-3; quantized types 5e-2,
     2.4x the largest gap at which the emulated Q8 activations flipped one,
@@ -40,9 +45,12 @@ from reference import LlamaRef, rope
 from tinymodels import WTYPES, write_tiny_llama
 
 TOL_FLOAT = 1e-4
-TOL_QUANT = 8e-2
+TOL_QUANT = 2e-2
 TIE_FLOAT = 1e-3
 TIE_QUANT = 5e-2
+# SmolLM2-135M (30 layers) compounds activation rounding more than 2 layers:
+# measured 4.8e-2 (scalar), 5.1e-2 (auto) and 4.8e-2 for the Q8_0 emulation.
+TOL_SMOLLM2 = 1e-1
 QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1")
 PROMPT_LENS = (1, 5, 17, 64)
 N_CTX = 256
@@ -277,6 +285,17 @@ def test_tolerances_can_fail(make_tiny):
         L["attn_q"] = L["attn_q"].reshape(nh, hd, -1)[sigma].reshape(nh * hd, -1)
         L["attn_output"] = L["attn_output"].reshape(-1, nh, hd)[:, sigma].reshape(-1, nh * hd)
     errs["GQA mapping j % n_head_kv"] = rel_err(ref.logits(toks), good)
+    # Every block matters (the residual-writing gains < 1 must not make any
+    # block negligible), and so does the FFN's gate/up order.
+    ref = LlamaRef.from_tiny(w)
+    for L in ref.layers:
+        L["ffn_gate"], L["ffn_up"] = L["ffn_up"], L["ffn_gate"]
+    errs["FFN gate/up swapped"] = rel_err(ref.logits(toks), good)
+    for li in range(w.hparams["n_layer"]):
+        for part in ("attn_output", "ffn_down"):
+            ref = LlamaRef.from_tiny(w)
+            ref.layers[li][part] = np.zeros_like(ref.layers[li][part])
+            errs[f"layer {li} without {part}"] = rel_err(ref.logits(toks), good)
     for name, e in errs.items():
         assert e > 5 * TOL_QUANT, f"{name}: only {e:.3e}"
 
@@ -426,7 +445,7 @@ def test_smollm2_matches_reference(smollm2, simd_level):
     """SmolLM2-135M (Q4_1, tied Q8_0 embedding): engine vs the float32
     reference on a chat prompt.  30 layers compound activation rounding more
     than 2 do (measured ~5e-2 for both the scalar engine and the Q8_0
-    emulation): tolerance 2 * TOL_QUANT, argmax equal where the reference's
+    emulation): tolerance TOL_SMOLLM2, argmax equal where the reference's
     top two are 0.1 apart; greedy decoding answers the question."""
     from colibri_lab import _engine
     m, ref, tok, ids = smollm2
@@ -435,7 +454,7 @@ def test_smollm2_matches_reference(smollm2, simd_level):
     out = fwd(e, 0, ids, 0)
     ref_logits = ref.logits(ids)
     err = rel_err(out, ref_logits)
-    assert err <= 2 * TOL_QUANT, err
+    assert err <= TOL_SMOLLM2, err
     assert not argmax_mismatches(out, ref_logits, 0.1)
     text = tok.decode(greedy(lambda t, p: fwd(e, 0, t, p), ids, 7))
     assert "Paris" in text, text

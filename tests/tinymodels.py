@@ -278,6 +278,8 @@ def write_tiny_model(
     rope_base: float = 10000.0,
     rope_scale: float | None = None,
     norm_eps: float = 1e-5,
+    attn_out_gain: float = 0.4,
+    ffn_down_gain: float = 0.3,
     tied: bool = True,
     seed: int = 0,
 ) -> TinyWeights:
@@ -307,8 +309,40 @@ def write_tiny_model(
                 feed_forward_length).  n_ff_shexp: qwen2moe's shared expert.
     rope_scale: linear RoPE scaling *factor* (e.g. 4.0): positions are
                 multiplied by 1/factor.  None writes no scaling keys.
+    attn_out_gain, ffn_down_gain: gain of the matrices that write into the
+                residual stream (attn_output; ffn_down and the experts' and
+                shared expert's down projections).  Below 1 so that, as in a
+                trained transformer, each block adds an update to a residual
+                that it does not swamp; see "Conditioning" below.  1.0 gives
+                the unit-gain model of earlier versions.
     tied:       True: no output.weight (LM head = token_embd).
     seed:       numpy RNG seed; same arguments -> byte-identical file.
+
+    Conditioning.  Every matrix is drawn with entries N(0, gain^2 / n_in),
+    so a projection keeps the scale of its (normalised) input.  With unit
+    gain everywhere each attention and FFN block writes an update as large as
+    the whole residual stream (the embeddings have rms 0.5), so the logits
+    are a chain of ~5 matrix products per layer, each carrying the ~0.5%
+    relative rounding of 8-bit activation blocks (llama.cpp's Q8_0/Q8_1
+    design, used by the engine for quantized weights).  Measured, 2 layers,
+    engine vs reference in test_reference's metric (max|d|/max|ref|, worst
+    row, prompts of 1-64 tokens): 2.1-3.2% at unit gain.  A trained model is
+    residual-dominated: blocks add comparatively small updates, and a tied
+    model's logits are peaked (SmolLM2-135M: max|logit|/std ~8 over a README
+    prompt, the random unit-gain model ~3.1-3.5).  attn_out_gain=0.4,
+    ffn_down_gain=0.3 give that regime: the same metric drops to 0.8-1.1%
+    (tied) and 1.4-1.7% (untied) with seed 0.
+    The gains are a trade: a plausible implementation bug (RoPE pairing,
+    base, scaling, norm epsilon, GQA head mapping) changes the blocks'
+    output, so its effect on the logits shrinks with the gains as the
+    rounding noise does; with these values every such bug still moves the
+    logits by >= 0.21 (test_reference.test_tolerances_can_fail), an FFN with
+    gate and up swapped by 0.33 and removing any one block's attention or FFN
+    by >= 0.24.  Lower gains leave a floor (the LM head's own rounding,
+    ~1% worst row for the flat untied head) while the bugs' effects keep
+    shrinking, so they do not buy anything.  The Q/K gain stays 1: it sets
+    attention scores of std ~1 (far from uniform, so a wrong mask or RoPE
+    shows), and sharper scores amplify rounding faster than bugs' effects.
     """
     if arch not in ARCHES:
         raise ValueError(f"arch {arch!r} not in {ARCHES}")
@@ -347,9 +381,9 @@ def write_tiny_model(
     rng = np.random.default_rng(seed)
 
     def mat(n_out: int, n_in: int, gain: float = 1.0) -> np.ndarray:
-        # 1/sqrt(n_in) keeps every projection's output at unit scale, so the
-        # residual stream neither explodes nor vanishes across layers and
-        # logits stay well spread (distinct argmax per row).
+        # 1/sqrt(n_in) keeps every projection's output at `gain` times its
+        # input's scale, so the residual stream neither explodes nor vanishes
+        # across layers.
         return (rng.standard_normal((n_out, n_in)) * (gain / np.sqrt(n_in))).astype(np.float32)
 
     def norm_w(n: int) -> np.ndarray:
@@ -407,11 +441,12 @@ def write_tiny_model(
     for i in range(n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = _store(p + "attn_norm.weight", norm_w(n_embd), QT.F32, writer)
-        # Unit gain gives attention scores of std ~1 after the 1/sqrt(head_dim)
-        # scale: far from uniform (a wrong mask or RoPE changes the output by
-        # far more than any tolerance) yet not so sharp that the network
-        # amplifies rounding: with gain 2, emulated Q8_0 activation rounding
-        # moved logits by ~10%, with gain 1 by ~3%.
+        # Unit Q/K gain gives attention scores of std ~1 after the
+        # 1/sqrt(head_dim) scale: far from uniform (a wrong mask or RoPE
+        # changes the output by far more than any tolerance) yet not so sharp
+        # that the network amplifies rounding (Q/K gain 1.5 raised the
+        # engine's error from 3.2% to 5.6% at unit output gains).  The output
+        # projection's gain is attn_out_gain (see "Conditioning").
         w[p + "attn_q.weight"] = _store(p + "attn_q.weight", mat(q_dim, n_embd), qt, writer)
         w[p + "attn_k.weight"] = _store(p + "attn_k.weight", mat(kv_dim, n_embd), qt, writer)
         w[p + "attn_v.weight"] = _store(p + "attn_v.weight", mat(kv_dim, n_embd), qt, writer)
@@ -424,27 +459,27 @@ def write_tiny_model(
                                                  norm_w(head_dim if qk_norm == 1 else q_dim), QT.F32, writer)
             w[p + "attn_k_norm.weight"] = _store(p + "attn_k_norm.weight",
                                                  norm_w(head_dim if qk_norm == 1 else kv_dim), QT.F32, writer)
-        w[p + "attn_output.weight"] = _store(p + "attn_output.weight", mat(n_embd, q_dim), qt, writer)
+        w[p + "attn_output.weight"] = _store(p + "attn_output.weight", mat(n_embd, q_dim, attn_out_gain), qt, writer)
         w[p + "ffn_norm.weight"] = _store(p + "ffn_norm.weight", norm_w(n_embd), QT.F32, writer)
         if not moe:
             w[p + "ffn_gate.weight"] = _store(p + "ffn_gate.weight", mat(n_ff, n_embd), qt, writer)
             w[p + "ffn_up.weight"] = _store(p + "ffn_up.weight", mat(n_ff, n_embd), qt, writer)
-            w[p + "ffn_down.weight"] = _store(p + "ffn_down.weight", mat(n_embd, n_ff), qt, writer)
+            w[p + "ffn_down.weight"] = _store(p + "ffn_down.weight", mat(n_embd, n_ff, ffn_down_gain), qt, writer)
             continue
         # Router with gain 2: routing probabilities well spread (clear top-k
         # most of the time) so a near-tie between the k-th and (k+1)-th
         # expert is rare.
         w[p + "ffn_gate_inp.weight"] = _store(p + "ffn_gate_inp.weight", mat(n_expert, n_embd, 2.0), QT.F32, writer)
-        exps = lambda n_out, n_in: np.stack([mat(n_out, n_in) for _ in range(n_expert)])  # noqa: E731
+        exps = lambda n_out, n_in, g=1.0: np.stack([mat(n_out, n_in, g) for _ in range(n_expert)])  # noqa: E731
         w[p + "ffn_gate_exps.weight"] = _store(p + "ffn_gate_exps.weight", exps(n_ff_exp, n_embd), qt, writer)
         w[p + "ffn_up_exps.weight"] = _store(p + "ffn_up_exps.weight", exps(n_ff_exp, n_embd), qt, writer)
-        w[p + "ffn_down_exps.weight"] = _store(p + "ffn_down_exps.weight", exps(n_embd, n_ff_exp), qt, writer)
+        w[p + "ffn_down_exps.weight"] = _store(p + "ffn_down_exps.weight", exps(n_embd, n_ff_exp, ffn_down_gain), qt, writer)
         if shared:
             w[p + "ffn_gate_inp_shexp.weight"] = _store(p + "ffn_gate_inp_shexp.weight",
                                                         mat(1, n_embd, 2.0).reshape(n_embd), QT.F32, writer)
             w[p + "ffn_gate_shexp.weight"] = _store(p + "ffn_gate_shexp.weight", mat(n_ff_shexp, n_embd), qt, writer)
             w[p + "ffn_up_shexp.weight"] = _store(p + "ffn_up_shexp.weight", mat(n_ff_shexp, n_embd), qt, writer)
-            w[p + "ffn_down_shexp.weight"] = _store(p + "ffn_down_shexp.weight", mat(n_embd, n_ff_shexp), qt, writer)
+            w[p + "ffn_down_shexp.weight"] = _store(p + "ffn_down_shexp.weight", mat(n_embd, n_ff_shexp, ffn_down_gain), qt, writer)
     w["output_norm.weight"] = _store("output_norm.weight", norm_w(n_embd), QT.F32, writer)
     if not tied:
         w["output.weight"] = _store("output.weight", mat(n_vocab, n_embd, 4.0), qt, writer)
