@@ -79,6 +79,46 @@ COPY_PROMPTS = [
     "quarterly report to the finance team",
 ]
 
+# Added with the lookup policy rework: the issue names two kinds of copy-heavy work, editing code given in the
+# prompt and extracting quotes, and the eight prompts above hold four code edits (all on one snippet) and one
+# quote extraction.  Two code edits on a second snippet and two quote extractions from other passages, written
+# before they were run and kept whatever they measure.
+CODE2 = '''class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, count):
+        if name in self.items:
+            self.items[name] += count
+        else:
+            self.items[name] = count
+
+    def remove(self, name, count):
+        if self.items.get(name, 0) < count:
+            raise ValueError("not enough " + name)
+        self.items[name] -= count
+'''
+
+PASSAGE2 = ("At the town meeting the mayor opened with a warning: \"We cannot keep patching the old bridge.\" "
+            "The engineer who inspected it agreed. \"The steel is sound, but the deck has rotted through in three "
+            "places,\" she said. A shop owner asked who would pay, and the treasurer answered, \"The state will "
+            "cover half if we apply before March.\" The vote passed, and the mayor closed by saying, \"Work starts "
+            "in the spring.\"")
+
+PASSAGE3 = ("In his lecture on the history of flight, the professor reminded the students that \"every airplane "
+            "is a compromise between weight and strength.\" He described the Wright brothers' first glider and "
+            "said, \"They failed more often than they flew, and they wrote down every failure.\" Near the end a "
+            "student asked what the next breakthrough would be. \"Quieter engines,\" he replied, \"because the "
+            "sky is getting crowded.\"")
+
+COPY_PROMPTS += [
+    "Rename the method remove to take in this class and output the complete class:\n\n" + CODE2,
+    "Add a method total(self) that returns the sum of all counts to this class. Output the whole class:\n\n"
+    + CODE2,
+    "List every quotation in this text, exactly as written, one per line:\n\n" + PASSAGE2,
+    "Extract the direct quotes from this passage and say who said each one:\n\n" + PASSAGE3,
+]
+
 CHAT_PROMPTS = [
     "What are some fun things to do on a rainy weekend?",
     "Write a short poem about the moon.",

@@ -257,7 +257,8 @@ typedef struct {
     int k_max;      /* most draft tokens per step [1..CB_SPEC_MAX_K] (default 8)             */
     int adaptive;   /* 1: choose k from measured acceptance and verify cost, pause a source
                        whose expected gain is below 1 (default 1); 0: always draft k_max    */
-    int ngram_max;  /* prompt lookup: longest suffix n-gram to match (default 3)             */
+    int ngram_max;  /* prompt lookup: longest suffix match compared when choosing among earlier
+                       occurrences; the longest wins, a tie goes to the most recent (default 16) */
     int ngram_min;  /* prompt lookup: shortest (default 2)                                   */
 } cb_spec_params;
 

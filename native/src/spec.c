@@ -161,26 +161,56 @@ double cb_drafter_last_catchup_ms(const cb_drafter *d) { return d->catchup_ms; }
 
 /* ---------------------------------------------------------- prompt lookup */
 
-int cb_lookup_draft(const int32_t *hist, int n, int ngram_min, int ngram_max, int k, int32_t *out) {
+int cb_lookup_class(int match_len) {
+    return match_len <= 2 ? 0 : match_len == 3 ? 1 : match_len < 8 ? 2 : match_len < 16 ? 3 : 4;
+}
+
+int cb_lookup_draft_ex(const int32_t *hist, int n, int ngram_min, int ngram_max, int k, int32_t *out,
+                       int *match_len) {
+    if (match_len) *match_len = 0;
+    if (!hist || !out || n < 2 || k < 1) return 0;
     if (ngram_min < 1) ngram_min = 1;
-    for (int ng = ngram_max; ng >= ngram_min; ng--) {
-        if (ng >= n) continue;
-        const int32_t *pat = hist + n - ng;
-        /* most recent earlier occurrence: its continuation is the best guess */
-        for (int i = n - ng - 1; i >= 0; i--) {
-            if (hist[i] != pat[0] || memcmp(hist + i, pat, (size_t)ng * sizeof(int32_t)) != 0) continue;
-            int m = 0;
-            while (m < k && i + ng + m < n) { out[m] = hist[i + ng + m]; m++; }
-            if (m > 0) return m;
+    if (ngram_max < ngram_min) ngram_max = ngram_min;
+    const int cap = ngram_max > CB_LOOKUP_MATCH_CAP ? ngram_max : CB_LOOKUP_MATCH_CAP;
+    const int32_t last = hist[n - 1];
+    int best_j = -1, best_cmp = 0, best_len = 0;
+    /* j: where an earlier occurrence ends (aligned with hist[n - 1]); newest first */
+    for (int j = n - 2; j >= 0; j--) {
+        if (hist[j] != last) continue;
+        int len = 1;
+        while (len < cap && j - len >= 0 && hist[j - len] == hist[n - 1 - len]) len++;
+        if (len < ngram_min) continue;
+        int cmp = len < ngram_max ? len : ngram_max;
+        if (cmp > best_cmp) {  /* strictly longer: a tie keeps the more recent one */
+            best_cmp = cmp;
+            best_len = len;
+            best_j = j;
+            if (cmp == ngram_max) break;  /* nothing older can beat it */
         }
     }
-    return 0;
+    if (best_j < 0) return 0;
+    if (match_len) *match_len = best_len;
+    /* what followed the occurrence; past the end of the history it reads the
+     * draft itself (idx - n < m), so a repeating span drafts its next period */
+    const int s = best_j + 1;
+    for (int m = 0; m < k; m++) {
+        int idx = s + m;
+        out[m] = idx < n ? hist[idx] : out[idx - n];
+    }
+    return k;
+}
+
+int cb_lookup_draft(const int32_t *hist, int n, int ngram_min, int ngram_max, int k, int32_t *out) {
+    return cb_lookup_draft_ex(hist, n, ngram_min, ngram_max, k, out, NULL);
 }
 
 /* ----------------------------------------------------------------- policy */
 
-#define CB_SPEC_WARMUP 8    /* verified drafts before the policy trusts a source's acceptance */
-#define CB_SPEC_ALPHA  0.25 /* weight of the newest verification in the acceptance estimate */
+#define CB_SPEC_WARMUP  4    /* verified drafts of a class before it may draft deeper than 2 */
+#define CB_SPEC_ALPHA   0.25 /* weight of the newest verification in the acceptance estimate */
+#define CB_SPEC_EXPLORE 8    /* every 8th decision of a class drafts one deeper than the best depth */
+#define CB_SPEC_PROBE   16   /* every 16th skipped lookup draft of a class is verified at depth 1 */
+#define CB_SPEC_PRIOR   0.5  /* acceptance at position 0 of a class nothing is known about */
 
 int cb_spec_bit(int source) {
     for (int b = 0; b < CB_SPEC_N_SOURCES; b++) if (source == (1 << b)) return b;
@@ -190,38 +220,119 @@ int cb_spec_bit(int source) {
 void cb_spec_policy_init(cb_spec_policy *p) {
     memset(p, 0, sizeof *p);
     for (int b = 0; b < CB_SPEC_N_SOURCES; b++) {
-        for (int i = 0; i < CB_SPEC_MAX_K; i++) p->st[b].accept_rate_pos[i] = 0.5;  /* optimistic prior: try it */
+        for (int i = 0; i < CB_SPEC_MAX_K; i++) p->st[b].accept_rate_pos[i] = CB_SPEC_PRIOR;
+        for (int c = 0; c < CB_SPEC_N_CLASS; c++)
+            for (int i = 0; i < CB_SPEC_MAX_K; i++) p->cls[b][c].rate[i] = CB_SPEC_PRIOR;
         p->pause_len[b] = 16;
     }
 }
 
+/* Step time is right-skewed (other work on the machine only ever adds), so
+ * the first few samples of a size keep their minimum and later ones are
+ * capped at twice the estimate before smoothing: one slow step cannot make a
+ * verify size look too dear to be tried again. */
 void cb_spec_policy_step(cb_spec_policy *p, int rows, double ms) {
     if (rows < 1 || !(ms > 0)) return;
     if (rows > CB_COST_BUCKETS) rows = CB_COST_BUCKETS;
     double *t = &p->step_ms[rows];
-    *t = *t > 0 ? 0.9 * *t + 0.1 * ms : ms;
+    int *n = &p->step_n[rows];
+    if (*n == 0) *t = ms;
+    else if (*n < 3) *t = ms < *t ? ms : *t;
+    else *t = 0.9 * *t + 0.1 * (ms < 2 * *t ? ms : 2 * *t);
+    if (*n < 1000000) (*n)++;
 }
 
-/* Smoothed step time for `rows` rows, interpolated between measured sizes;
- * 0 when nothing is known yet. */
-static double step_time(const cb_spec_policy *p, int rows) {
-    if (rows < 1) rows = 1;
-    if (rows > CB_COST_BUCKETS) rows = CB_COST_BUCKETS;
-    if (p->step_ms[rows] > 0) return p->step_ms[rows];
+/* Step time for `rows` rows from the sizes measured at least min_n times
+ * (rows itself excluded): interpolated between the nearest below and above,
+ * above the largest extrapolated along the slope of the two largest below it
+ * (with one point below: +3% a row, optimistic so that a larger size gets
+ * tried and measured); 0 when nothing is known. */
+static double step_time_near(const cb_spec_policy *p, int rows, int min_n) {
     int lo = rows - 1, hi = rows + 1;
-    while (lo >= 1 && p->step_ms[lo] <= 0) lo--;
-    while (hi <= CB_COST_BUCKETS && p->step_ms[hi] <= 0) hi++;
+    while (lo >= 1 && p->step_n[lo] < min_n) lo--;
+    while (hi <= CB_COST_BUCKETS && p->step_n[hi] < min_n) hi++;
     if (lo >= 1 && hi <= CB_COST_BUCKETS)
         return p->step_ms[lo] + (p->step_ms[hi] - p->step_ms[lo]) * (rows - lo) / (hi - lo);
-    /* one-sided: a memory-bound step grows slowly with rows (weights read once) */
-    if (lo >= 1) return p->step_ms[lo] * (1.0 + 0.03 * (rows - lo));
+    if (lo >= 1) {
+        int lo2 = lo - 1;
+        while (lo2 >= 1 && p->step_n[lo2] < min_n) lo2--;
+        double floor_slope = 0.03 * p->step_ms[lo] / lo;
+        double slope = lo2 >= 1 ? (p->step_ms[lo] - p->step_ms[lo2]) / (lo - lo2) : floor_slope;
+        if (slope < floor_slope) slope = floor_slope;
+        return p->step_ms[lo] + slope * (rows - lo);
+    }
     if (hi <= CB_COST_BUCKETS) return p->step_ms[hi] / (1.0 + 0.03 * (hi - rows));
     return 0;
 }
 
+#define CB_COST_TRUSTED 3  /* samples after which a size's own estimate stands alone */
+
+/* Step time for `rows` rows.  A size measured fewer than CB_COST_TRUSTED
+ * times gets the lower of its own estimate and what the well-measured sizes
+ * around it suggest: one step slowed by other work on the machine must not
+ * rule a verify size out, and trying it again measures it properly. */
+static double step_time_raw(const cb_spec_policy *p, int rows) {
+    if (rows < 1) rows = 1;
+    if (rows > CB_COST_BUCKETS) rows = CB_COST_BUCKETS;
+    if (p->step_n[rows] >= CB_COST_TRUSTED) return p->step_ms[rows];
+    double guess = step_time_near(p, rows, CB_COST_TRUSTED);
+    if (!(guess > 0)) guess = step_time_near(p, rows, 1);
+    if (p->step_n[rows] > 0 && !(guess > 0 && guess < p->step_ms[rows])) return p->step_ms[rows];
+    return guess;
+}
+
+/* Step times for base_rows + 0..k_max rows into t[0..k_max], made physically
+ * consistent: a step never costs less than one with fewer rows, nor more than
+ * that one plus a one-row step (it could be split in two). */
+static void step_times(const cb_spec_policy *p, int base_rows, int k_max, double *t) {
+    double one = step_time_raw(p, 1);
+    t[0] = step_time_raw(p, base_rows);
+    for (int k = 1; k <= k_max; k++) {
+        double v = step_time_raw(p, base_rows + k);
+        if (v < t[k - 1]) v = t[k - 1];
+        if (one > 0 && t[k - 1] > 0 && v > t[k - 1] + one) v = t[k - 1] + one;
+        t[k] = v;
+    }
+}
+
+/* Acceptance estimates of a class by position: a position no verification
+ * has reached yet takes the estimate of the one before it (a copy that held
+ * so far is likely to hold on), position 0 the prior. */
+static void class_rates(const cb_spec_class *c, int k_max, double *r) {
+    for (int i = 0; i < k_max; i++)
+        r[i] = c->tried[i] > 0 ? c->rate[i] : i == 0 ? CB_SPEC_PRIOR : r[i - 1];
+}
+
+/* Depth 1..k_max maximising expected tokens per unit of step time relative to
+ * a plain step; *gain gets that ratio (0 if k_max < 1). */
+static int best_depth(const cb_spec_policy *p, int b, const cb_spec_class *c, int base_rows, int k_max,
+                      double *gain) {
+    double t[CB_SPEC_MAX_K + 1], r[CB_SPEC_MAX_K];
+    if (k_max > CB_SPEC_MAX_K) k_max = CB_SPEC_MAX_K;
+    step_times(p, base_rows, k_max, t);
+    class_rates(c, k_max, r);
+    double best_gain = 0, e = 1, prod = 1;
+    int best_k = 0;
+    for (int k = 1; k <= k_max; k++) {
+        prod *= r[k - 1];
+        e += prod;  /* expected tokens from this step */
+        double cost = (t[0] > 0 && t[k] > 0) ? t[k] / t[0] : 1.0 + 0.03 * k;
+        if (t[0] > 0) cost += k * p->draft_ms_tok[b] / t[0];
+        double g = e / cost;
+        if (g > best_gain) { best_gain = g; best_k = k; }
+    }
+    *gain = best_gain;
+    return best_k;
+}
+
+static int clamp_k(const cb_spec_params *sp) {
+    return sp->k_max < 1 ? 1 : sp->k_max > CB_SPEC_MAX_K ? CB_SPEC_MAX_K : sp->k_max;
+}
+
 int cb_spec_policy_k(cb_spec_policy *p, int b, const cb_spec_params *sp, int base_rows) {
+    if (b < 0 || b >= CB_SPEC_N_SOURCES) return 0;
     cb_spec_stats *st = &p->st[b];
-    int k_max = sp->k_max < 1 ? 1 : sp->k_max > CB_SPEC_MAX_K ? CB_SPEC_MAX_K : sp->k_max;
+    int k_max = clamp_k(sp);
     if (!sp->adaptive) { st->k = k_max; st->paused = 0; return k_max; }
     if (st->paused) {
         if (--p->pause_left[b] > 0) return 0;
@@ -231,23 +342,14 @@ int cb_spec_policy_k(cb_spec_policy *p, int b, const cb_spec_params *sp, int bas
         st->k = k_max < 2 ? k_max : 2;
         return st->k;
     }
-    double t0 = step_time(p, base_rows);
-    double best_gain = 0, e = 1, prod = 1;
-    int best_k = 0;
-    for (int k = 1; k <= k_max; k++) {
-        prod *= st->accept_rate_pos[k - 1];
-        e += prod;                                   /* expected tokens from this step */
-        double tk = step_time(p, base_rows + k);
-        double cost = (t0 > 0 && tk > 0) ? tk / t0 : 1.0 + 0.03 * k;
-        if (t0 > 0) cost += k * p->draft_ms_tok[b] / t0;
-        double gain = e / cost;
-        if (gain > best_gain) { best_gain = gain; best_k = k; }
-    }
+    cb_spec_class *c = &p->cls[b][0];
+    double gain;
+    int best_k = best_depth(p, b, c, base_rows, k_max, &gain);
     /* warm-up: until a source has a few verified drafts its acceptance is a
      * prior, so it must not buy deep drafts with it */
-    if (st->drafts < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
-    st->expected_gain = best_gain;
-    if (best_gain < 1.0) {
+    if (c->drafts < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
+    st->expected_gain = gain;
+    if (gain < 1.0) {
         st->paused = 1;
         st->k = 0;
         p->pause_left[b] = p->pause_len[b];
@@ -255,23 +357,63 @@ int cb_spec_policy_k(cb_spec_policy *p, int b, const cb_spec_params *sp, int bas
         return 0;
     }
     p->pause_len[b] = 16;
+    if (++c->decisions % CB_SPEC_EXPLORE == 0 && best_k < k_max) best_k++;
     st->k = best_k;
     return best_k;
 }
 
-void cb_spec_policy_record(cb_spec_policy *p, int b, int n, int a) {
+int cb_spec_policy_k_class(cb_spec_policy *p, int b, int cls, const cb_spec_params *sp, int base_rows,
+                           int n_avail) {
+    if (b < 0 || b >= CB_SPEC_N_SOURCES || cls < 0 || cls >= CB_SPEC_N_CLASS || n_avail < 1) return 0;
     cb_spec_stats *st = &p->st[b];
+    int k_max = clamp_k(sp);
+    if (k_max > n_avail) k_max = n_avail;
+    if (!sp->adaptive) { st->k = k_max; st->paused = 0; return k_max; }
+    cb_spec_class *c = &p->cls[b][cls];
+    double gain;
+    int best_k = best_depth(p, b, c, base_rows, k_max, &gain);
+    if (c->drafts < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
+    c->decisions++;
+    st->expected_gain = gain;
+    if (gain < 1.0) {
+        /* not worth a verify row: skip, but verify one token now and then so
+         * the estimate follows the content */
+        best_k = ++c->skipped % CB_SPEC_PROBE == 0 ? 1 : 0;
+    } else if (c->decisions % CB_SPEC_EXPLORE == 0 && best_k < k_max) {
+        best_k++;  /* learn the acceptance one position deeper */
+    }
+    st->paused = best_k == 0;
+    st->k = best_k;
+    return best_k;
+}
+
+void cb_spec_policy_record_class(cb_spec_policy *p, int b, int cls, int n, int a) {
+    if (b < 0 || b >= CB_SPEC_N_SOURCES || cls < 0 || cls >= CB_SPEC_N_CLASS || n < 1) return;
+    cb_spec_stats *st = &p->st[b];
+    cb_spec_class *c = &p->cls[b][cls];
+    double r[CB_SPEC_MAX_K];
+    if (n > CB_SPEC_MAX_K) n = CB_SPEC_MAX_K;
+    if (a > n) a = n;
+    class_rates(c, n, r);
     st->drafts++;
     st->draft_tokens += n;
     st->accepted_tokens += a;
+    c->drafts++;
     /* position i was tried only if every earlier draft was accepted, so the
      * rate at i is conditional on reaching it */
-    for (int i = 0; i < n && i < CB_SPEC_MAX_K; i++) {
+    for (int i = 0; i < n; i++) {
         if (i > a) break;
         int ok = i < a;
         st->tried_pos[i]++;
         st->accepted_pos[i] += ok;
         /* fast-moving: acceptance changes with the content (copying vs free text) */
         st->accept_rate_pos[i] = (1.0 - CB_SPEC_ALPHA) * st->accept_rate_pos[i] + CB_SPEC_ALPHA * ok;
+        if (c->tried[i] == 0) c->rate[i] = r[i];  /* start from the carried-forward estimate */
+        c->rate[i] = (1.0 - CB_SPEC_ALPHA) * c->rate[i] + CB_SPEC_ALPHA * ok;
+        c->tried[i]++;
     }
+}
+
+void cb_spec_policy_record(cb_spec_policy *p, int b, int n, int a) {
+    cb_spec_policy_record_class(p, b, 0, n, a);
 }

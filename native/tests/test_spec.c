@@ -1,0 +1,213 @@
+/*
+ * test_spec.c — prompt-lookup drafting and the adaptive speculation policy
+ * (native/src/spec.c).
+ *
+ * Lookup: hand-made cases for match selection (longest match, ties to the
+ * most recent, ngram_min / ngram_max), the reported match length and the
+ * continuation that runs on into the draft; a randomized comparison with a
+ * naive reference.  Policy: the depth it chooses follows the measured cost
+ * per verify size (a cheaper verify buys a deeper draft), one slow step does
+ * not rule a size out, unprofitable classes are skipped but probed, and an
+ * accepted copy drafts deeper than it has been verified so far.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec.h"
+#include "testutil.h"
+
+static int draft(const int32_t *h, int n, int nmin, int nmax, int k, int32_t *out, int *len) {
+    return cb_lookup_draft_ex(h, n, nmin, nmax, k, out, len);
+}
+
+static void test_lookup_cases(void) {
+    int32_t out[CB_SPEC_MAX_K];
+    int len = -1;
+    /* no earlier occurrence of the last two tokens */
+    const int32_t a[] = {1, 2, 3, 4, 5};
+    CHECK(draft(a, 5, 2, 16, 4, out, &len) == 0 && len == 0);
+    /* one-token history: nothing to match */
+    CHECK(draft(a, 1, 1, 16, 4, out, &len) == 0);
+    /* a 1-token match is ignored at ngram_min 2, used at 1 */
+    const int32_t b[] = {7, 9, 8, 9};
+    CHECK(draft(b, 4, 2, 16, 2, out, &len) == 0);
+    CHECK(draft(b, 4, 1, 16, 2, out, &len) == 2 && len == 1 && out[0] == 8 && out[1] == 9);
+    /* longest wins over more recent: [1 2 3] -> 10 (old, 3 long), [2 3] -> 20 (recent, 2 long) */
+    const int32_t c[] = {1, 2, 3, 10, 11, 5, 2, 3, 20, 21, 6, 1, 2, 3};
+    int n = (int)(sizeof c / sizeof c[0]);
+    CHECK(draft(c, n, 2, 16, 2, out, &len) == 2 && out[0] == 10 && out[1] == 11 && len == 3);
+    /* with ngram_max 2 both are "2 long": the most recent wins, and the match length is still measured */
+    CHECK(draft(c, n, 2, 2, 2, out, &len) == 2 && out[0] == 20 && out[1] == 21 && len == 2);
+    /* equal lengths: the most recent occurrence */
+    const int32_t d[] = {4, 5, 1, 4, 5, 2, 4, 5};
+    CHECK(draft(d, 8, 2, 16, 1, out, &len) == 1 && out[0] == 2 && len == 2);
+    /* the continuation runs on into the draft: a repeating span drafts further periods */
+    const int32_t e[] = {9, 1, 2, 3, 1, 2, 3, 1, 2};
+    CHECK(draft(e, 9, 2, 16, 7, out, &len) == 7);
+    const int32_t want[] = {3, 1, 2, 3, 1, 2, 3};
+    CHECK(memcmp(out, want, sizeof want) == 0);
+    CHECK(len == 5);  /* the occurrence ending at index 5 matches five tokens: 1 2 3 1 2 */
+    /* the match length is counted up to CB_LOOKUP_MATCH_CAP */
+    int32_t f[200];
+    for (int i = 0; i < 200; i++) f[i] = i % 50;
+    CHECK(draft(f, 200, 2, 16, 3, out, &len) == 3 && len == CB_LOOKUP_MATCH_CAP && out[0] == 0);
+    CHECK(cb_lookup_class(2) == 0 && cb_lookup_class(3) == 1 && cb_lookup_class(7) == 2 &&
+          cb_lookup_class(8) == 3 && cb_lookup_class(CB_LOOKUP_MATCH_CAP) == CB_SPEC_N_CLASS - 1);
+    /* bad arguments */
+    CHECK(draft(NULL, 5, 2, 16, 4, out, &len) == 0);
+    CHECK(draft(a, 5, 2, 16, 0, out, &len) == 0);
+}
+
+/* naive reference: every end j, match length capped at ngram_max for the choice */
+static int ref_draft(const int32_t *h, int n, int nmin, int nmax, int k, int32_t *out, int *len_out) {
+    int best = -1, bestc = 0, bestlen = 0;
+    int cap = nmax > CB_LOOKUP_MATCH_CAP ? nmax : CB_LOOKUP_MATCH_CAP;
+    for (int j = n - 2; j >= 0; j--) {
+        int len = 0;
+        while (len < cap && j - len >= 0 && h[j - len] == h[n - 1 - len]) len++;
+        if (len < nmin || len == 0) continue;
+        int c = len < nmax ? len : nmax;
+        if (c > bestc) { bestc = c; best = j; bestlen = len; }
+    }
+    *len_out = best < 0 ? 0 : bestlen;
+    if (best < 0) return 0;
+    int32_t seq[4096];
+    memcpy(seq, h, (size_t)n * sizeof *h);
+    for (int m = 0; m < k; m++) seq[n + m] = seq[best + 1 + m];
+    memcpy(out, seq + n, (size_t)k * sizeof *out);
+    return k;
+}
+
+static void test_lookup_random(void) {
+    srand(12345);
+    int32_t h[600], o1[CB_SPEC_MAX_K], o2[CB_SPEC_MAX_K];
+    int bad = 0;
+    for (int it = 0; it < 3000; it++) {
+        int n = 2 + rand() % 500, alpha = 2 + rand() % 6;
+        /* random text with copied spans so long matches occur */
+        for (int i = 0; i < n; i++) {
+            if (i > 20 && rand() % 40 == 0) {
+                int src = rand() % (i - 10), l = 5 + rand() % 40;
+                for (int j = 0; j < l && i < n; j++, i++) h[i] = h[src + j];
+                i--;
+            } else h[i] = rand() % alpha;
+        }
+        int nmin = 1 + rand() % 3, nmax = nmin + rand() % 20, k = 1 + rand() % CB_SPEC_MAX_K;
+        int l1, l2;
+        int r1 = draft(h, n, nmin, nmax, k, o1, &l1), r2 = ref_draft(h, n, nmin, nmax, k, o2, &l2);
+        if (r1 != r2 || l1 != l2 || (r1 > 0 && memcmp(o1, o2, (size_t)r1 * sizeof *o1) != 0)) bad++;
+    }
+    CHECK_MSG(bad == 0, "%d of 3000 random histories differ from the reference", bad);
+}
+
+/* feed a policy `reps` step times per size: ms(rows) = base + per_row * (rows - 1) */
+static void feed_costs(cb_spec_policy *p, double base, double per_row, int max_rows) {
+    for (int rep = 0; rep < 5; rep++)
+        for (int r = 1; r <= max_rows; r++) cb_spec_policy_step(p, r, base + per_row * (r - 1));
+}
+
+/* a source that accepts each position with probability `rate` (fixed seed): record 60 drafts of depth k */
+static void feed_accept(cb_spec_policy *p, int b, int cls, int k, double rate) {
+    srand(7);
+    for (int i = 0; i < 60; i++) {
+        int a = 0;
+        while (a < k && rand() < rate * RAND_MAX) a++;
+        cb_spec_policy_record_class(p, b, cls, k, a);
+    }
+}
+
+static void test_policy_cost(void) {
+    cb_spec_params sp = { CB_SPEC_LOOKUP, 16, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 4;
+    /* the same acceptance (0.8 a position), measured cost steep vs cheap */
+    cb_spec_policy steep, cheap;
+    cb_spec_policy_init(&steep);
+    cb_spec_policy_init(&cheap);
+    feed_costs(&steep, 5.0, 1.5, 20);   /* today's int8 kernel: ~+30% per verify row */
+    feed_costs(&cheap, 5.0, 0.1, 20);   /* a verify row at 2% of a step */
+    feed_accept(&steep, b, cls, 16, 0.8);
+    feed_accept(&cheap, b, cls, 16, 0.8);
+    int ks = cb_spec_policy_k_class(&steep, b, cls, &sp, 1, 16);
+    int kc = cb_spec_policy_k_class(&cheap, b, cls, &sp, 1, 16);
+    CHECK_MSG(ks >= 1 && kc > ks, "steep cost k %d, cheap cost k %d", ks, kc);
+    CHECK_MSG(kc >= 6, "cheap verify should draft deep, got %d", kc);
+    /* the draft available bounds the depth; adaptive off takes all of it up to k_max */
+    CHECK(cb_spec_policy_k_class(&cheap, b, cls, &sp, 1, 3) <= 3);
+    cb_spec_params fixed = sp;
+    fixed.adaptive = 0;
+    fixed.k_max = 5;
+    CHECK(cb_spec_policy_k_class(&steep, b, 0, &fixed, 1, 16) == 5);
+    CHECK(cb_spec_policy_k_class(&steep, b, 0, &fixed, 1, 2) == 2);
+    /* out-of-range arguments decline */
+    CHECK(cb_spec_policy_k_class(&steep, b, CB_SPEC_N_CLASS, &sp, 1, 4) == 0);
+    CHECK(cb_spec_policy_k_class(&steep, -1, 0, &sp, 1, 4) == 0);
+}
+
+static void test_policy_outlier(void) {
+    cb_spec_params sp = { CB_SPEC_LOOKUP, 16, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 4;
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    feed_accept(&p, b, cls, 16, 0.95);
+    feed_costs(&p, 5.0, 0.1, 4);   /* sizes 1..4 well measured */
+    cb_spec_policy_step(&p, 5, 60.0);  /* one step of 5 rows while the machine was busy */
+    int k = cb_spec_policy_k_class(&p, b, cls, &sp, 1, 16);
+    CHECK_MSG(k > 4, "one slow 5-row step must not cap the depth at 4 rows: k %d", k);
+    /* its estimate falls back once it is seen at its usual cost */
+    cb_spec_policy_step(&p, 5, 5.4);
+    cb_spec_policy_step(&p, 5, 5.4);
+    CHECK(p.step_ms[5] < 6.0);
+    /* a later spike moves the estimate by at most twice the estimate's weight */
+    cb_spec_policy_step(&p, 5, 5.4);
+    cb_spec_policy_step(&p, 5, 1000.0);
+    CHECK(p.step_ms[5] < 6.0);
+}
+
+static void test_policy_skip_and_probe(void) {
+    cb_spec_params sp = { CB_SPEC_LOOKUP, 8, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP);
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    feed_costs(&p, 5.0, 1.5, 10);
+    /* short matches that are never accepted */
+    for (int i = 0; i < 40; i++) cb_spec_policy_record_class(&p, b, 0, 2, 0);
+    int drafted = 0, calls = 160;
+    for (int i = 0; i < calls; i++) drafted += cb_spec_policy_k_class(&p, b, 0, &sp, 1, 8) > 0;
+    CHECK_MSG(drafted > 0 && drafted <= calls / 8, "drafted %d of %d", drafted, calls);
+    CHECK(p.st[b].paused == 1 || drafted > 0);
+    /* a different class (long matches) is not held back by class 0 */
+    for (int i = 0; i < 40; i++) cb_spec_policy_record_class(&p, b, 4, 4, 4);
+    CHECK(cb_spec_policy_k_class(&p, b, 4, &sp, 1, 8) >= 2);
+}
+
+static void test_policy_carry_forward(void) {
+    /* verified only at depth 2 so far, always fully: positions 3+ have no
+     * data, yet deeper drafts must be chosen when verify is cheap */
+    cb_spec_params sp = { CB_SPEC_LOOKUP, 16, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP);
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    feed_costs(&p, 5.0, 0.1, 20);
+    for (int i = 0; i < 20; i++) cb_spec_policy_record_class(&p, b, 3, 2, 2);
+    int k = cb_spec_policy_k_class(&p, b, 3, &sp, 1, 16);
+    CHECK_MSG(k > 2, "k %d", k);
+    /* drafter sources (class 0 API) still pause when unprofitable */
+    int ls = cb_spec_bit(CB_SPEC_LAYERSKIP);
+    cb_spec_params sl = { CB_SPEC_LAYERSKIP, 4, 1, 16, 2 };
+    p.draft_ms_tok[ls] = 3.0;
+    for (int i = 0; i < 30; i++) cb_spec_policy_record(&p, ls, 2, 0);
+    CHECK(cb_spec_policy_k(&p, ls, &sl, 1) == 0 && p.st[ls].paused == 1);
+    CHECK(cb_spec_policy_k(&p, ls, &sl, 1) == 0);
+}
+
+int main(void) {
+    test_lookup_cases();
+    test_lookup_random();
+    test_policy_cost();
+    test_policy_outlier();
+    test_policy_skip_and_probe();
+    test_policy_carry_forward();
+    return cb_test_report("test_spec");
+}
