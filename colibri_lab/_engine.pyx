@@ -72,7 +72,7 @@ cdef extern from "colibri.h" nogil:
     int cb_model_token_is_eog(const cb_model *model, int token)
 
     ctypedef struct cb_engine_params:
-        int n_slots, n_ctx, n_threads, n_batch, n_chunk, simd, prefix_reuse
+        int n_slots, n_ctx, n_threads, n_batch, n_chunk, simd, prefix_reuse, kv_f16
         const cb_model *draft_model
         int layer_skip
         const int32_t *skip_layers
@@ -595,7 +595,7 @@ cdef class Engine:
 
     def __init__(self, Model model not None, int n_slots=1, int n_ctx=0, int n_threads=0, int n_batch=0,
                  int n_chunk=0, simd="auto", prefix_reuse=True, Model draft_model=None, layer_skip=False,
-                 skip_layers=None):
+                 skip_layers=None, kv_f16=True):
         model._check()
         cdef cb_engine_params p = cb_engine_default_params()
         cdef cnp.ndarray[cnp.int32_t, ndim=1] skip = np.asarray(list(skip_layers or []), dtype=np.int32)
@@ -618,6 +618,7 @@ cdef class Engine:
         if p.simd > cb_simd_detect():
             raise errors.InvalidRequestError(f"SIMD level {simd!r} is not available on this CPU (it has {simd_available()})")
         p.prefix_reuse = 1 if prefix_reuse else 0
+        p.kv_f16 = 1 if kv_f16 else 0
         with nogil:
             rc = cb_engine_new(model.ptr, &p, &self.ptr, err, ERR_LEN)
         if rc != CB_OK:
@@ -657,7 +658,8 @@ cdef class Engine:
         cb_engine_get_params(self.ptr, &p)
         names = {CB_SIMD_SCALAR: "scalar", CB_SIMD_AVX2: "avx2", CB_SIMD_AVX512: "avx512"}
         return dict(n_slots=p.n_slots, n_ctx=p.n_ctx, n_threads=p.n_threads, n_batch=p.n_batch,
-                    n_chunk=p.n_chunk, simd=names.get(p.simd, str(p.simd)), prefix_reuse=bool(p.prefix_reuse))
+                    n_chunk=p.n_chunk, simd=names.get(p.simd, str(p.simd)), prefix_reuse=bool(p.prefix_reuse),
+                    kv_f16=bool(p.kv_f16))
 
     def submit(self, tokens, int max_tokens=16, int slot=-1, double temperature=0.0, int top_k=0,
                double top_p=1.0, double min_p=0.0, double repeat_penalty=1.0, int repeat_last_n=64,

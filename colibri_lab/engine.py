@@ -101,12 +101,14 @@ class Engine:
     model: alias ("smollm2") or path to a GGUF file.
     n_threads: compute threads (0 = all cores).  n_ctx: KV positions per slot.
     n_slots: concurrent sequences.  simd: "auto" | "avx512" | "avx2" | "scalar".
+    kv_f16: keep the KV cache in f16 (default; half the memory and attention
+    reads, as llama.cpp's default cache type) or, False, in f32.
     """
 
     def __init__(self, model: str = "smollm2", *, n_threads: int = 0, n_ctx: int = 2048, n_slots: int = 1,
                  n_batch: int = 0, n_chunk: int = 0, simd: str = "auto", prefix_reuse: bool = True,
                  max_queue: int = 256, draft_model: str | None = None, layer_skip: bool = False,
-                 skip_layers=None):
+                 skip_layers=None, kv_f16: bool = True):
         self.model_path = models.resolve(model)
         self.model_name = str(model)
         self.model = _engine.Model(str(self.model_path))
@@ -119,7 +121,7 @@ class Engine:
         self.core = _engine.Engine(self.model, n_slots=n_slots, n_ctx=min(n_ctx, max(2, self.info["n_ctx_train"])),
                                    n_threads=n_threads, n_batch=n_batch, n_chunk=n_chunk, simd=simd,
                                    prefix_reuse=prefix_reuse, draft_model=self.draft, layer_skip=layer_skip,
-                                   skip_layers=skip_layers)
+                                   skip_layers=skip_layers, kv_f16=kv_f16)
         self.params = self.core.params
         self.scheduler = Scheduler(self.core, max_queue=max_queue)
         self._grammars: collections.OrderedDict[str, _engine.Grammar] = collections.OrderedDict()

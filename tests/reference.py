@@ -137,13 +137,16 @@ class LlamaRef:
                  norm_eps: float, rope_base: float, rope_freq_scale: float = 1.0,
                  rope_neox: bool = False, head_dim: int | None = None,
                  n_rot: int | None = None, n_layer: int | None = None,
-                 act_q8: bool = False, dtype=np.float64,
+                 act_q8: bool = False, kv_f16: bool = False, dtype=np.float64,
                  n_expert_used: int = 0, moe_norm_topk: bool = True, **_ignored):
         """weights: name -> array (GGUF tensor names, numpy shape [n_out, n_in]).
         act_q8: emulate Q8_0 activation rounding before every matrix product
         (emulates a CPU engine's integer dot products; off for the reference
-        proper).  dtype: float64 for tiny models; float32 halves the memory
+        proper).  kv_f16: store keys and values rounded to f16, the values an
+        engine's f16 KV cache holds (a storage format, like the weights'
+        stored values).  dtype: float64 for tiny models; float32 halves the memory
         of a real model (SmolLM2: ~0.5 GB instead of ~1 GB)."""
+        self.kv_f16 = bool(kv_f16)
         self.dtype = np.dtype(dtype)
         f = lambda a: np.asarray(a, dtype=self.dtype)  # noqa: E731
         self.embd = f(weights["token_embd.weight"])            # [n_vocab, n_embd]
@@ -285,6 +288,8 @@ class LlamaRef:
                       freq_scale=self.rope_freq_scale, neox=self.rope_neox)
             q = rope(q, pos, **rk)
             k = rope(k, pos, **rk)
+            if self.kv_f16:
+                k, v = k.astype(np.float16), v.astype(np.float16)
             cache.k[li][start_pos:n_kv] = k
             cache.v[li][start_pos:n_kv] = v
             K = cache.k[li][:n_kv]                                     # [n_kv, nkv, hd]

@@ -51,7 +51,7 @@ def ref_logits(w, tokens):
 def engine_logits(w, tokens, simd, n_threads=1):
     from colibri_lab import _engine
     m = _engine.Model(w.path)
-    e = _engine.Engine(m, n_slots=1, n_ctx=N_CTX, n_threads=n_threads, simd=simd)
+    e = _engine.Engine(m, n_slots=1, n_ctx=N_CTX, n_threads=n_threads, simd=simd, kv_f16=False)
     return e.forward(0, tokens, 0)
 
 

@@ -47,7 +47,7 @@ def moe_model(tmp_path_factory):
 def _engine(w, simd, n_slots, n_threads=1):
     from colibri_lab import _engine
     return _engine.Engine(_engine.Model(w.path), n_slots=n_slots, n_ctx=N_CTX, n_threads=n_threads,
-                          simd=simd, n_batch=64)
+                          simd=simd, n_batch=64, kv_f16=False)  # the reference keeps K, V exact
 
 
 def _need_experts_api(e):

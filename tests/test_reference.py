@@ -118,9 +118,11 @@ def load(path):
     return _engine.Model(str(path))
 
 
-def engine(model, simd, n_threads=1, n_slots=2):
+def engine(model, simd, n_threads=1, n_slots=2, kv_f16=False):
+    """An engine with an f32 KV cache unless asked (the reference keeps K and V
+    exact; test_f16_kv_matches_reference checks the default f16 cache)."""
     from colibri_lab import _engine
-    return _engine.Engine(model, n_slots=n_slots, n_ctx=N_CTX, n_threads=n_threads, simd=simd)
+    return _engine.Engine(model, n_slots=n_slots, n_ctx=N_CTX, n_threads=n_threads, simd=simd, kv_f16=kv_f16)
 
 
 def fwd(e, slot, tokens, pos):
@@ -329,6 +331,30 @@ def test_engine_matches_reference(make_tiny, simd, wtype, tied, n):
     logits = fwd(e, 0, toks, 0)
     assert logits.shape == (n, w.hparams["n_vocab"])
     check_close(logits, w, toks)
+
+
+@pytest.mark.parametrize("n", (5, 64))
+@pytest.mark.parametrize("wtype", ("F32", "Q8_0", "Q4_1"))
+def test_f16_kv_matches_reference(make_tiny, simd, wtype, n):
+    """The default f16 KV cache: the engine against the reference that stores
+    K and V rounded to f16, under the same tolerances; prefill and
+    token-by-token decode agree bit for bit; and the cache type matters (f16
+    and f32 caches give different logits, so the flag reaches the kernels)."""
+    w = make_tiny(wtype=wtype, tied=False)
+    m = load(w.path)
+    toks = prompt(n, w.hparams["n_vocab"])
+    e = engine(m, simd, kv_f16=True)
+    full = fwd(e, 0, toks, 0).copy()
+    ref = LlamaRef.from_tiny(w, kv_f16=True)
+    cache = ref.new_cache(N_CTX)
+    want = ref.forward(toks, 0, cache)
+    tol, tie = (TOL_QUANT, TIE_QUANT) if is_quant(w) else (TOL_FLOAT, TIE_FLOAT)
+    assert rel_err(full, want) <= tol
+    assert not argmax_mismatches(full, want, tie)
+    rows = np.concatenate([fwd(e, 1, [t], i).copy() for i, t in enumerate(toks)])
+    assert np.array_equal(full, rows)
+    f32 = fwd(engine(m, simd, kv_f16=False), 0, toks, 0)
+    assert n == 1 or not np.array_equal(full[1:], f32[1:])
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

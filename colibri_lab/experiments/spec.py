@@ -2,7 +2,7 @@
 
 A `Variant` is a named set of settings in three groups:
   engine:  Engine(...) keywords: model, n_threads, n_ctx, n_slots, n_batch,
-           n_chunk, simd, prefix_reuse (one engine per distinct engine group);
+           n_chunk, simd, prefix_reuse, kv_f16 (one engine per distinct engine group);
   request: Engine.submit keywords: temperature, top_p, top_k, max_tokens,
            grammar (GBNF text), json_schema, speculative = {...}, ... passed
            through as they are (the Engine rejects what it does not know), plus
@@ -54,7 +54,8 @@ from colibri_lab.experiments.workloads import Arrival
 
 # Engine settings known today; others are passed to Engine(...) as they are, so
 # that future engine features work (or are rejected by the Engine) without changes here.
-ENGINE_KEYS = ("model", "n_threads", "n_ctx", "n_slots", "n_batch", "n_chunk", "simd", "prefix_reuse", "max_queue")
+ENGINE_KEYS = ("model", "n_threads", "n_ctx", "n_slots", "n_batch", "n_chunk", "simd", "prefix_reuse", "kv_f16",
+               "max_queue")
 DEFAULT_ENGINE = {"model": "smollm2", "n_threads": 0, "n_ctx": 2048, "n_slots": 1, "simd": "auto",
                   "prefix_reuse": True}
 DEFAULT_REQUEST = {"max_tokens": 32, "temperature": 0.0}

@@ -151,6 +151,7 @@ typedef struct {
     int n_chunk;    /* max prefill tokens one request adds to one step; 0 = n_batch     */
     int simd;       /* cb_simd; CB_SIMD_AUTO picks the best the CPU has                 */
     int prefix_reuse; /* 1: reuse a slot's KV for a common prompt prefix (default 1)    */
+    int kv_f16;       /* 1: KV cache in f16, half the memory and attention reads (default 1); 0: f32 */
     /* speculative decoding resources (allocated at cb_engine_new) */
     const cb_model *draft_model;  /* nullable: a second model sharing the vocabulary, drafts with its own KV per slot */
     int  layer_skip;              /* 1: allocate a self-speculative drafter that runs the target with layers skipped */

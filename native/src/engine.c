@@ -159,6 +159,7 @@ cb_engine_params cb_engine_default_params(void) {
     p.n_slots = 1;
     p.simd = CB_SIMD_AUTO;
     p.prefix_reuse = 1;
+    p.kv_f16 = 1;
     return p;
 }
 
@@ -224,7 +225,7 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     int rc;
     e->pool = cb_pool_new(p.n_threads);
     if (!e->pool) { set_err(err, err_len, "could not start %d threads", p.n_threads); rc = CB_ERR_NOMEM; goto fail; }
-    if ((rc = cb_ctx_init(&e->ctx, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, n_logits, err, err_len))) goto fail;
+    if ((rc = cb_ctx_init(&e->ctx, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, n_logits, p.kv_f16, err, err_len))) goto fail;
     e->slots = calloc((size_t)p.n_slots, sizeof(cb_slot));
     e->reqs = calloc(CB_MAX_REQUESTS, sizeof(cb_request));
     e->order = calloc(CB_MAX_REQUESTS, sizeof(int));
@@ -255,11 +256,11 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
             rc = CB_ERR_ARG;
             goto fail;
         }
-        if ((rc = cb_drafter_init(&e->draft_model, p.draft_model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch,
+        if ((rc = cb_drafter_init(&e->draft_model, p.draft_model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, p.kv_f16,
                                   NULL, 0, 0, err, err_len))) goto fail;
     }
     if (p.layer_skip) {
-        if ((rc = cb_drafter_init(&e->layer_skip, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch,
+        if ((rc = cb_drafter_init(&e->layer_skip, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, p.kv_f16,
                                   p.skip_layers, p.n_skip_layers, 1, err, err_len))) goto fail;
     }
     e->params.skip_layers = NULL;  /* copied into the drafter's mask */

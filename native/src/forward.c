@@ -48,7 +48,7 @@ static void *alloc64(size_t bytes) {
 }
 
 int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool,
-                int n_slots, int n_ctx, int n_batch, int n_logits, char *err, size_t err_len) {
+                int n_slots, int n_ctx, int n_batch, int n_logits, int kv_f16, char *err, size_t err_len) {
     memset(c, 0, sizeof *c);
     const cb_model_info *I = &m->info;
     c->model = m;
@@ -59,10 +59,12 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     c->n_batch = n_batch;
     c->n_logits = n_logits;
     c->kv_dim = I->n_head_kv * I->head_dim;
+    c->kv_f16 = kv_f16 != 0;
+    c->kv_elt = c->kv_f16 ? sizeof(uint16_t) : sizeof(float);
     size_t qdim = (size_t)I->n_head * I->head_dim;
     size_t wide = qdim > (size_t)I->n_embd ? qdim : (size_t)I->n_embd;
     size_t B = (size_t)n_batch;
-    size_t kv = (size_t)I->n_layer * n_slots * n_ctx * c->kv_dim * sizeof(float);
+    size_t kv = (size_t)I->n_layer * n_slots * n_ctx * c->kv_dim * c->kv_elt;
     c->k_cache = alloc64(kv);
     c->v_cache = alloc64(kv);
     c->x = alloc64(B * I->n_embd * sizeof(float));
@@ -121,13 +123,14 @@ void cb_ctx_free(cb_ctx *c) {
     memset(c, 0, sizeof *c);
 }
 
-static inline float *kv_at(const cb_ctx *c, float *cache, int layer, int slot, int pos) {
-    return cache + (((size_t)layer * c->n_slots + slot) * c->n_ctx + pos) * c->kv_dim;
+/* Address of (layer, slot, pos) in a KV cache (elements of c->kv_elt bytes). */
+static inline void *kv_at(const cb_ctx *c, void *cache, int layer, int slot, int pos) {
+    return (uint8_t *)cache + (((size_t)layer * c->n_slots + slot) * c->n_ctx + pos) * c->kv_dim * c->kv_elt;
 }
 
 void cb_kv_copy(cb_ctx *c, int dst, int src, int n) {
     if (dst == src || n <= 0) return;
-    size_t bytes = (size_t)n * c->kv_dim * sizeof(float);
+    size_t bytes = (size_t)n * c->kv_dim * c->kv_elt;
     for (int l = 0; l < c->model->info.n_layer; l++) {
         memcpy(kv_at(c, c->k_cache, l, dst, 0), kv_at(c, c->k_cache, l, src, 0), bytes);
         memcpy(kv_at(c, c->v_cache, l, dst, 0), kv_at(c, c->v_cache, l, src, 0), bytes);
@@ -210,8 +213,14 @@ static void task_rope_store(void *arg, int ith, int nth) {
         rope_apply(c->q + r * qdim, cs, I->n_head, I->head_dim, I->n_rot, I->rope_neox);
         rope_apply(c->kx + (size_t)r * c->kv_dim, cs, I->n_head_kv, I->head_dim, I->n_rot, I->rope_neox);
         int slot = t->b->slot[r], pos = t->b->pos[r];
-        memcpy(kv_at(c, c->k_cache, t->layer, slot, pos), c->kx + (size_t)r * c->kv_dim, c->kv_dim * sizeof(float));
-        memcpy(kv_at(c, c->v_cache, t->layer, slot, pos), c->vx + (size_t)r * c->kv_dim, c->kv_dim * sizeof(float));
+        const float *kr = c->kx + (size_t)r * c->kv_dim, *vr = c->vx + (size_t)r * c->kv_dim;
+        if (c->kv_f16) {
+            c->k->to_f16(kr, kv_at(c, c->k_cache, t->layer, slot, pos), c->kv_dim);
+            c->k->to_f16(vr, kv_at(c, c->v_cache, t->layer, slot, pos), c->kv_dim);
+        } else {
+            memcpy(kv_at(c, c->k_cache, t->layer, slot, pos), kr, c->kv_dim * sizeof(float));
+            memcpy(kv_at(c, c->v_cache, t->layer, slot, pos), vr, c->kv_dim * sizeof(float));
+        }
     }
 }
 
@@ -236,9 +245,9 @@ static void task_attention(void *arg, int ith, int nth) {
         const int r = it / (I->n_head_kv * parts), kh = it / parts % I->n_head_kv;
         const int h = kh * group + it % parts * per;  /* first query head of the item */
         const int slot = t->b->slot[r], n_pos = t->b->pos[r] + 1;
-        const float *K = kv_at(c, c->k_cache, t->layer, slot, 0) + (size_t)kh * hd;
-        const float *V = kv_at(c, c->v_cache, t->layer, slot, 0) + (size_t)kh * hd;
-        c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)c->kv_dim, n_pos, scale,
+        const void *K = (const uint8_t *)kv_at(c, c->k_cache, t->layer, slot, 0) + (size_t)kh * hd * c->kv_elt;
+        const void *V = (const uint8_t *)kv_at(c, c->v_cache, t->layer, slot, 0) + (size_t)kh * hd * c->kv_elt;
+        c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)c->kv_dim, c->kv_f16, n_pos, scale,
                    scores, c->xb + r * qdim + (size_t)h * hd);
     }
 }

@@ -24,8 +24,10 @@ typedef struct {
     int n_batch;                  /* max rows per forward */
     int n_logits;                 /* max rows that produce logits per forward */
     int kv_dim;                   /* n_head_kv * head_dim */
-    /* KV cache, f32: [n_layer][n_slots][n_ctx][kv_dim] */
-    float *k_cache, *v_cache;
+    /* KV cache: [n_layer][n_slots][n_ctx][kv_dim] of f16 (kv_f16) or f32 */
+    void  *k_cache, *v_cache;
+    int    kv_f16;                /* 1: f16 elements (half the memory and attention reads) */
+    size_t kv_elt;                /* bytes per element: 2 or 4 */
     /* activations, row-major [n_batch x dim] */
     float *x;                     /* residual stream            [n_batch x n_embd] */
     float *xb;                    /* normed input / attn output [n_batch x max(n_embd, q_dim)] */
@@ -75,7 +77,7 @@ typedef struct {
 } cb_batch;
 
 int  cb_ctx_init(cb_ctx *ctx, const cb_model *model, const cb_kernels *k, cb_pool *pool,
-                 int n_slots, int n_ctx, int n_batch, int n_logits, char *err, size_t err_len);
+                 int n_slots, int n_ctx, int n_batch, int n_logits, int kv_f16, char *err, size_t err_len);
 void cb_ctx_free(cb_ctx *ctx);
 
 void cb_forward(cb_ctx *ctx, const cb_batch *batch);

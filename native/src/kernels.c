@@ -364,21 +364,40 @@ void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out) {
 
 /* -------------------------------------------------------------- attention */
 
-void cb_attn_generic(cb_dot_fn dot, cb_axpy_fn axpy, const float *q, int g, int hd, const float *K,
-                     const float *V, size_t stride, int n_pos, float scale, float *scores, float *out) {
+void cb_f16_row_to_f32(const uint16_t *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = cb_f16_to_f32(x[i]);
+}
+
+void cb_f32_row_to_f16(const float *x, uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = cb_f32_to_f16(x[i]);
+}
+
+/* Row p of a KV block as floats: in place for f32, converted into buf for f16. */
+static inline const float *kv_row(cb_f16_row_fn from_f16, const void *base, size_t stride, int kv_f16,
+                                  int p, int hd, float *buf) {
+    if (!kv_f16) return (const float *)base + (size_t)p * stride;
+    from_f16((const uint16_t *)base + (size_t)p * stride, buf, hd);
+    return buf;
+}
+
+void cb_attn_generic(cb_dot_fn dot, cb_axpy_fn axpy, cb_f16_row_fn from_f16, const float *q, int g, int hd,
+                     const void *K, const void *V, size_t stride, int kv_f16, int n_pos, float scale,
+                     float *scores, float *out) {
+    float buf[CB_MAX_HEAD_DIM];
+    if (hd > CB_MAX_HEAD_DIM) return;
     for (int j = 0; j < g; j++) {
         const float *qj = q + (size_t)j * hd;
         float *oj = out + (size_t)j * hd, *sj = scores + (size_t)j * n_pos;
         float mx = -INFINITY;
         for (int p = 0; p < n_pos; p++) {
-            sj[p] = dot(qj, K + (size_t)p * stride, hd) * scale;
+            sj[p] = dot(qj, kv_row(from_f16, K, stride, kv_f16, p, hd, buf), hd) * scale;
             if (sj[p] > mx) mx = sj[p];
         }
         float sum = 0.0f;
         for (int p = 0; p < n_pos; p++) { sj[p] = expf(sj[p] - mx); sum += sj[p]; }
         const float inv = 1.0f / sum;
         memset(oj, 0, (size_t)hd * sizeof(float));
-        for (int p = 0; p < n_pos; p++) axpy(oj, sj[p] * inv, V + (size_t)p * stride, hd);
+        for (int p = 0; p < n_pos; p++) axpy(oj, sj[p] * inv, kv_row(from_f16, V, stride, kv_f16, p, hd, buf), hd);
     }
 }
 

@@ -127,11 +127,14 @@ typedef struct {
     /* Attention of g query heads that share one KV head (a GQA group) over
      * cached positions [0, n_pos):
      *   out[j] = sum_p softmax_p(scale * dot(q[j], K[p])) * V[p]
-     * q, out: g rows of hd floats; K, V: n_pos rows `stride` floats apart;
-     * scores: scratch of g * n_pos floats.  Head j's result depends only on
-     * q[j], K, V and n_pos (one fixed order), never on g or on the thread. */
-    void  (*attn)(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
+     * q, out: g rows of hd floats; K, V: n_pos rows `stride` elements
+     * apart, f16 (kv_f16) or f32; scores: scratch of g * n_pos floats.
+     * Head j's result depends only on q[j], K, V and n_pos (one fixed
+     * order), never on g or on the thread. */
+    void  (*attn)(const float *q, int g, int hd, const void *K, const void *V, size_t stride, int kv_f16,
                   int n_pos, float scale, float *scores, float *out);
+    /* y[i] = f16(x[i]) (round to nearest even), for the KV cache. */
+    void  (*to_f16)(const float *x, uint16_t *y, int64_t n);
     /* o = x * (1 / sqrt(mean(x^2) + eps)) * w over n floats, the sum of
      * squares in double; o may be x. */
     void  (*rmsnorm)(const float *x, const float *w, float *o, int n, float eps);
@@ -143,11 +146,19 @@ typedef struct {
 void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps);
 void cb_swiglu_generic(float *g, const float *u, int64_t n);
 
-/* attn built from a level's dot product and y += a * x (scalar and AVX2). */
+/* attn built from a level's dot product, y += a * x and f16 row conversion
+ * (scalar and AVX2).  f16 rows are converted to floats one at a time into a
+ * stack buffer: hd <= CB_MAX_HEAD_DIM (the model loader checks). */
+#define CB_MAX_HEAD_DIM 512
 typedef float (*cb_dot_fn)(const float *a, const float *b, int64_t n);
 typedef void  (*cb_axpy_fn)(float *y, float a, const float *x, int64_t n);
-void cb_attn_generic(cb_dot_fn dot, cb_axpy_fn axpy, const float *q, int g, int hd, const float *K,
-                     const float *V, size_t stride, int n_pos, float scale, float *scores, float *out);
+typedef void  (*cb_f16_row_fn)(const uint16_t *x, float *y, int64_t n);
+void cb_attn_generic(cb_dot_fn dot, cb_axpy_fn axpy, cb_f16_row_fn from_f16, const float *q, int g, int hd,
+                     const void *K, const void *V, size_t stride, int kv_f16, int n_pos, float scale,
+                     float *scores, float *out);
+/* Scalar f16 rows (ggml's conversions). */
+void cb_f16_row_to_f32(const uint16_t *x, float *y, int64_t n);
+void cb_f32_row_to_f16(const float *x, uint16_t *y, int64_t n);
 
 /* Table for a level, or NULL if the CPU (or this build) lacks it. */
 const cb_kernels *cb_kernels_get(int simd);

@@ -256,13 +256,29 @@ T2 static void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
 }
 
-static void attn_avx2(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
+/* f16 <-> f32 rows with F16C, scalar tails (same rounding: nearest even). */
+T2 static void from_f16_avx2(const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = cb_f16_to_f32(x[i]);
+}
+
+T2 static void to_f16_avx2(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = cb_f32_to_f16(x[i]);
+}
+
+static void attn_avx2(const float *q, int g, int hd, const void *K, const void *V, size_t stride, int kv_f16,
                       int n_pos, float scale, float *scores, float *out) {
-    cb_attn_generic(dot_f32_avx2, axpy_f32_avx2, q, g, hd, K, V, stride, n_pos, scale, scores, out);
+    cb_attn_generic(dot_f32_avx2, axpy_f32_avx2, from_f16_avx2, q, g, hd, K, V, stride, kv_f16, n_pos, scale,
+                    scores, out);
 }
 
 static const cb_kernels table = {
-    CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, attn_avx2, cb_rmsnorm_generic, cb_swiglu_generic
+    CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, attn_avx2, to_f16_avx2, cb_rmsnorm_generic,
+    cb_swiglu_generic
 };
 
 const cb_kernels *cb_kernels_avx2_table(void);

@@ -77,6 +77,8 @@ T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
 
 /* Rows of a panel tile (activation rows sharing one unpacking of weights). */
 #define PT_ROWS 8
+/* Panels between a panel's software prefetch and its use. */
+#define PF_PANELS 2
 /* Q4_0 / Q8_0 offset corrections precomputed per call (int32 per row-block). */
 #define PC_MAX CB_PACK_MAX_BLOCKS
 
@@ -88,13 +90,16 @@ T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
  * which depends on neither R nor the panel's place in the work split, so a
  * row's outputs are bit-identical however the batch is made up. */
 T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, int64_t nb, size_t pb,
-                            const cb_block_q8 *xr, const int32_t *xc, float *y, int64_t ldy, __mmask16 m) {
+                            const cb_block_q8 *xr, const int32_t *xc, float *y, int64_t ldy, __mmask16 m,
+                            const uint8_t *pf) {
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     __m512 acc[PT_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = panel + (size_t)b * pb;
+        if (pf)  /* the same block of a panel ahead, so its weights stream in while this one computes */
+            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 mw = _mm512_setzero_ps();
         if (type == CB_TYPE_Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
@@ -117,14 +122,20 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
             int32_t xq[8];
             memcpy(xq, xb->qs, sizeof xq);
             __m512i s0 = type == CB_TYPE_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(xc[(int64_t)r * nb + b]);
-            __m512i s1 = _mm512_setzero_si512();
-            /* two dependency chains: decode (R = 1) is latency-bound on one */
+            if (R < 4) {
+                /* two dependency chains: few rows are latency-bound on one */
+                __m512i s1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                s0 = _mm512_dpbusd_epi32(s0, W[g], _mm512_set1_epi32(xq[g]));
-                s1 = _mm512_dpbusd_epi32(s1, W[g + 4], _mm512_set1_epi32(xq[g + 4]));
+                for (int g = 0; g < 4; g++) {
+                    s0 = _mm512_dpbusd_epi32(s0, W[g], _mm512_set1_epi32(xq[g]));
+                    s1 = _mm512_dpbusd_epi32(s1, W[g + 4], _mm512_set1_epi32(xq[g + 4]));
+                }
+                s0 = _mm512_add_epi32(s0, s1);
+            } else {
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) s0 = _mm512_dpbusd_epi32(s0, W[g], _mm512_set1_epi32(xq[g]));
             }
-            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(xb->d));
+            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(xb->d));
             acc[r] = _mm512_fmadd_ps(t, dw, acc[r]);
             if (type == CB_TYPE_Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), acc[r]);
         }
@@ -142,21 +153,25 @@ T512 static INL void p_rows(const int type, const cb_weight *w, const cb_block_q
     for (int64_t o = o0; o < o1; o += CB_PANEL) {
         const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * (size_t)nb * pb;
         const __mmask16 m = tail_mask(o1 - o);
+        /* software prefetch of the panel PF_PANELS ahead by the first row
+         * tile: decode streams every weight once from L3 / DRAM, and the
+         * hardware prefetcher alone leaves the kernel waiting at a few rows */
+        const uint8_t *pf = o + PF_PANELS * CB_PANEL < o1 ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
         int r = 0;
-        for (; r + PT_ROWS <= n_rows; r += PT_ROWS)
+        for (; r + PT_ROWS <= n_rows; r += PT_ROWS, pf = NULL)
             p_tile(type, PT_ROWS, panel, nb, pb, xq + (int64_t)r * nb, xc ? xc + (int64_t)r * nb : NULL,
-                   y + r * ldy + o, ldy, m);
+                   y + r * ldy + o, ldy, m, pf);
         const cb_block_q8 *xr = xq + (int64_t)r * nb;
         const int32_t *xcr = xc ? xc + (int64_t)r * nb : NULL;
         float *yr = y + r * ldy + o;
         switch (n_rows - r) {
-        case 7: p_tile(type, 7, panel, nb, pb, xr, xcr, yr, ldy, m); break;
-        case 6: p_tile(type, 6, panel, nb, pb, xr, xcr, yr, ldy, m); break;
-        case 5: p_tile(type, 5, panel, nb, pb, xr, xcr, yr, ldy, m); break;
-        case 4: p_tile(type, 4, panel, nb, pb, xr, xcr, yr, ldy, m); break;
-        case 3: p_tile(type, 3, panel, nb, pb, xr, xcr, yr, ldy, m); break;
-        case 2: p_tile(type, 2, panel, nb, pb, xr, xcr, yr, ldy, m); break;
-        case 1: p_tile(type, 1, panel, nb, pb, xr, xcr, yr, ldy, m); break;
+        case 7: p_tile(type, 7, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
+        case 6: p_tile(type, 6, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
+        case 5: p_tile(type, 5, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
+        case 4: p_tile(type, 4, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
+        case 3: p_tile(type, 3, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
+        case 2: p_tile(type, 2, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
+        case 1: p_tile(type, 1, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
         default: break;
         }
     }
@@ -313,17 +328,23 @@ T512 static INL __m512 exp512(__m512 x) {
  * chain per head over hd, hsum16), softmax (16 positions per vector, exp512),
  * weighted V (per output chunk of 16, positions in order).  Per head every
  * operation and its order are the same whatever g is. */
-T512 static void attn_avx512(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
-                             int n_pos, float scale, float *scores, float *out) {
+/* 16 elements of KV row p from lane i on (masked), f16 or f32. */
+T512 static INL __m512 kv_load(const void *base, size_t stride, int kv_f16, int p, int i, __mmask16 m) {
+    if (kv_f16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + (size_t)p * stride + i));
+    return _mm512_maskz_loadu_ps(m, (const float *)base + (size_t)p * stride + i);
+}
+
+T512 static void attn_avx512(const float *q, int g, int hd, const void *K, const void *V, size_t stride,
+                             int kv_f16, int n_pos, float scale, float *scores, float *out) {
     /* 1. scores[j][p] = scale * dot(q[j], K[p]) */
     for (int p = 0; p < n_pos; p++) {
-        const float *kp = K + (size_t)p * stride;
         for (int j = 0; j < g; j++) {
             const float *qj = q + (size_t)j * hd;
             __m512 acc = _mm512_setzero_ps();
             for (int i = 0; i < hd; i += 16) {
                 const __mmask16 m = tail_mask(hd - i);
-                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qj + i), _mm512_maskz_loadu_ps(m, kp + i), acc);
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qj + i), kv_load(K, stride, kv_f16, p, i, m), acc);
             }
             scores[(size_t)j * n_pos + p] = hsum16(acc) * scale;
         }
@@ -356,12 +377,19 @@ T512 static void attn_avx512(const float *q, int g, int hd, const float *K, cons
             __m512 acc[ATTN_HEADS];
             for (int j = 0; j < ATTN_HEADS; j++) acc[j] = _mm512_setzero_ps();
             for (int p = 0; p < n_pos; p++) {
-                const __m512 v = _mm512_maskz_loadu_ps(m, V + (size_t)p * stride + i);
+                const __m512 v = kv_load(V, stride, kv_f16, p, i, m);
                 for (int j = 0; j < nj; j++)
                     acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(size_t)(j0 + j) * n_pos + p]), v, acc[j]);
             }
             for (int j = 0; j < nj; j++) _mm512_mask_storeu_ps(out + (size_t)(j0 + j) * hd + i, m, acc[j]);
         }
+    }
+}
+
+T512 static void to_f16_avx512(const float *x, uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(y + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT));
     }
 }
 
@@ -398,7 +426,8 @@ T512 static void swiglu_avx512(float *g, const float *u, int64_t n) {
 }
 
 static const cb_kernels table = {
-    CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512, rmsnorm_avx512, swiglu_avx512
+    CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512, to_f16_avx512, rmsnorm_avx512,
+    swiglu_avx512
 };
 
 const cb_kernels *cb_kernels_avx512_table(void);

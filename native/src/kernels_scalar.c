@@ -141,14 +141,15 @@ static void axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-static void attn_scalar(const float *q, int g, int hd, const float *K, const float *V, size_t stride,
+static void attn_scalar(const float *q, int g, int hd, const void *K, const void *V, size_t stride, int kv_f16,
                         int n_pos, float scale, float *scores, float *out) {
-    cb_attn_generic(dot_f32_scalar, axpy_f32_scalar, q, g, hd, K, V, stride, n_pos, scale, scores, out);
+    cb_attn_generic(dot_f32_scalar, axpy_f32_scalar, cb_f16_row_to_f32, q, g, hd, K, V, stride, kv_f16, n_pos,
+                    scale, scores, out);
 }
 
 static const cb_kernels table = {
-    CB_SIMD_SCALAR, quantize_q8_scalar, matmul_rows_scalar, attn_scalar, cb_rmsnorm_generic,
-    cb_swiglu_generic
+    CB_SIMD_SCALAR, quantize_q8_scalar, matmul_rows_scalar, attn_scalar, cb_f32_row_to_f16,
+    cb_rmsnorm_generic, cb_swiglu_generic
 };
 
 const cb_kernels *cb_kernels_scalar_table(void);

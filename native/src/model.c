@@ -398,6 +398,10 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
         if (rc != CB_OK && rc != CB_ERR_NOT_FOUND) return rc;
     }
     if (I->head_dim % 2) { set_err(err, err_len, "head dimension %d is odd", I->head_dim); return CB_ERR_FORMAT; }
+    if (I->head_dim > CB_MAX_HEAD_DIM) {
+        set_err(err, err_len, "head dimension %d is larger than the %d supported", I->head_dim, CB_MAX_HEAD_DIM);
+        return CB_ERR_UNSUPPORTED;
+    }
     rc = hp_int(g, an, "rope.dimension_count", 0, 2, I->head_dim, &v, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) v = I->head_dim; else if (rc) return rc;
     if (v % 2) { set_err(err, err_len, "rope.dimension_count %lld is odd", (long long)v); return CB_ERR_FORMAT; }

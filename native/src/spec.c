@@ -16,7 +16,7 @@
 /* ---------------------------------------------------------------- drafter */
 
 int cb_drafter_init(cb_drafter *d, const cb_model *model, const cb_kernels *k, cb_pool *pool,
-                    int n_slots, int n_ctx, int n_batch, const int32_t *skip_layers, int n_skip,
+                    int n_slots, int n_ctx, int n_batch, int kv_f16, const int32_t *skip_layers, int n_skip,
                     int default_skip, char *err, size_t err_len) {
     memset(d, 0, sizeof *d);
     d->model = model;
@@ -44,7 +44,7 @@ int cb_drafter_init(cb_drafter *d, const cb_model *model, const cb_kernels *k, c
         if (kept == 0) { snprintf(err, err_len, "layer skip would skip every layer"); cb_drafter_free(d); return CB_ERR_ARG; }
     }
     int n_logits = n_slots;
-    int rc = cb_ctx_init(&d->ctx, model, k, pool, n_slots, n_ctx, n_batch, n_logits, err, err_len);
+    int rc = cb_ctx_init(&d->ctx, model, k, pool, n_slots, n_ctx, n_batch, n_logits, kv_f16, err, err_len);
     if (rc) { cb_drafter_free(d); return rc; }
     d->ctx.skip_layer = d->skip;
     d->tokens = calloc((size_t)n_slots * n_ctx, sizeof(int32_t));

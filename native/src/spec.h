@@ -29,7 +29,7 @@ typedef struct {
 } cb_drafter;
 
 int  cb_drafter_init(cb_drafter *d, const cb_model *model, const cb_kernels *k, cb_pool *pool,
-                     int n_slots, int n_ctx, int n_batch, const int32_t *skip_layers, int n_skip,
+                     int n_slots, int n_ctx, int n_batch, int kv_f16, const int32_t *skip_layers, int n_skip,
                      int default_skip, char *err, size_t err_len);
 void cb_drafter_free(cb_drafter *d);
 

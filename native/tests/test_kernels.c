@@ -424,7 +424,8 @@ static void test_norm_swiglu(const cb_kernels *k) {
     free(x); free(w); free(o); free(g); free(u);
 }
 
-/* attn against a double-precision softmax reference, and head j's bits the
+/* attn against a double-precision softmax reference (f32 KV, and f16 KV
+ * against the reference over the f16-rounded values), and head j's bits the
  * same whether it runs alone or in a group of g heads (what the engine's
  * work split relies on). */
 static void test_attention(const cb_kernels *k) {
@@ -433,38 +434,64 @@ static void test_attention(const cb_kernels *k) {
     float *q = malloc(sizeof(float) * G * MAXHD), *out = malloc(sizeof(float) * G * MAXHD);
     float *one = malloc(sizeof(float) * MAXHD), *sc = malloc(sizeof(float) * G * MAXP);
     float *K = malloc(sizeof(float) * MAXP * STRIDE), *V = malloc(sizeof(float) * MAXP * STRIDE);
-    for (int i = 0; i < MAXP * STRIDE; i++) { K[i] = rnd_f() * 2.0f; V[i] = rnd_f(); }
-    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
-        for (size_t b = 0; b < sizeof poss / sizeof poss[0]; b++) {
-            const int hd = hds[a], n_pos = poss[b];
-            const float scale = 1.0f / sqrtf((float)hd);
-            for (int i = 0; i < G * hd; i++) q[i] = rnd_f() * 3.0f;
-            k->attn(q, G, hd, K, V, STRIDE, n_pos, scale, sc, out);
-            double worst = 0;
-            int diff = 0;
-            for (int j = 0; j < G; j++) {
-                double s[MAXP], mx = -1e300, sum = 0;
-                for (int p = 0; p < n_pos; p++) {
-                    double d = 0;
-                    for (int i = 0; i < hd; i++) d += (double)q[j * hd + i] * K[p * STRIDE + i];
-                    s[p] = d * scale;
-                    if (s[p] > mx) mx = s[p];
-                }
-                for (int p = 0; p < n_pos; p++) { s[p] = exp(s[p] - mx); sum += s[p]; }
-                for (int i = 0; i < hd; i++) {
-                    double ref = 0;
-                    for (int p = 0; p < n_pos; p++) ref += s[p] / sum * V[p * STRIDE + i];
-                    const double e = fabs(out[j * hd + i] - ref);
-                    if (e > worst) worst = e;
-                }
-                k->attn(q + j * hd, 1, hd, K, V, STRIDE, n_pos, scale, sc, one);
-                if (memcmp(one, out + j * hd, sizeof(float) * hd) != 0) diff++;
+    uint16_t *Kh = malloc(sizeof(uint16_t) * MAXP * STRIDE), *Vh = malloc(sizeof(uint16_t) * MAXP * STRIDE);
+    for (int f16 = 0; f16 <= 1; f16++) {
+        for (int i = 0; i < MAXP * STRIDE; i++) {
+            K[i] = rnd_f() * 2.0f; V[i] = rnd_f();
+            if (f16) {  /* the reference sees exactly the stored values */
+                Kh[i] = cb_f32_to_f16(K[i]); Vh[i] = cb_f32_to_f16(V[i]);
+                K[i] = cb_f16_to_f32(Kh[i]); V[i] = cb_f16_to_f32(Vh[i]);
             }
-            CHECK_MSG(worst <= 2e-6, "%s attn hd=%d n_pos=%d: max abs error %g", cb_simd_name(k->simd), hd, n_pos, worst);
-            CHECK_MSG(diff == 0, "%s attn hd=%d n_pos=%d: %d heads differ alone vs in a group",
-                      cb_simd_name(k->simd), hd, n_pos, diff);
         }
-    free(q); free(out); free(one); free(sc); free(K); free(V);
+        const void *Kp = f16 ? (const void *)Kh : (const void *)K, *Vp = f16 ? (const void *)Vh : (const void *)V;
+        for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+            for (size_t b = 0; b < sizeof poss / sizeof poss[0]; b++) {
+                const int hd = hds[a], n_pos = poss[b];
+                const float scale = 1.0f / sqrtf((float)hd);
+                for (int i = 0; i < G * hd; i++) q[i] = rnd_f() * 3.0f;
+                k->attn(q, G, hd, Kp, Vp, STRIDE, f16, n_pos, scale, sc, out);
+                double worst = 0;
+                int diff = 0;
+                for (int j = 0; j < G; j++) {
+                    double s[MAXP], mx = -1e300, sum = 0;
+                    for (int p = 0; p < n_pos; p++) {
+                        double d = 0;
+                        for (int i = 0; i < hd; i++) d += (double)q[j * hd + i] * K[p * STRIDE + i];
+                        s[p] = d * scale;
+                        if (s[p] > mx) mx = s[p];
+                    }
+                    for (int p = 0; p < n_pos; p++) { s[p] = exp(s[p] - mx); sum += s[p]; }
+                    for (int i = 0; i < hd; i++) {
+                        double ref = 0;
+                        for (int p = 0; p < n_pos; p++) ref += s[p] / sum * V[p * STRIDE + i];
+                        const double e = fabs(out[j * hd + i] - ref);
+                        if (e > worst) worst = e;
+                    }
+                    k->attn(q + j * hd, 1, hd, Kp, Vp, STRIDE, f16, n_pos, scale, sc, one);
+                    if (memcmp(one, out + j * hd, sizeof(float) * hd) != 0) diff++;
+                }
+                CHECK_MSG(worst <= 2e-6, "%s attn kv_f16=%d hd=%d n_pos=%d: max abs error %g", cb_simd_name(k->simd),
+                          f16, hd, n_pos, worst);
+                CHECK_MSG(diff == 0, "%s attn kv_f16=%d hd=%d n_pos=%d: %d heads differ alone vs in a group",
+                          cb_simd_name(k->simd), f16, hd, n_pos, diff);
+            }
+    }
+    /* to_f16: bit-exact with ggml's scalar conversion, specials included */
+    enum { NC = 4099 };
+    float *xs = malloc(sizeof(float) * NC);
+    uint16_t *hs = malloc(sizeof(uint16_t) * NC);
+    for (int i = 0; i < NC; i++) {
+        const int kind = i % 9;
+        xs[i] = kind == 0 ? rnd_f() * 1e-6f : kind == 1 ? rnd_f() * 7e4f : kind == 2 ? 65520.0f :
+                kind == 3 ? -INFINITY : kind == 4 ? 6.103515625e-05f * (0.5f + rnd_f()) :
+                kind == 5 ? 1.0f + (float)(i % 7) * 0x1p-11f : rnd_f() * 100.0f;
+    }
+    k->to_f16(xs, hs, NC);
+    int bad = 0;
+    for (int i = 0; i < NC; i++) if (hs[i] != cb_f32_to_f16(xs[i])) bad++;
+    CHECK_MSG(bad == 0, "%s to_f16: %d of %d differ from cb_f32_to_f16", cb_simd_name(k->simd), bad, NC);
+    free(xs); free(hs);
+    free(q); free(out); free(one); free(sc); free(K); free(V); free(Kh); free(Vh);
 }
 
 static void test_row_dequant(void) {
