@@ -75,10 +75,15 @@ T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
 
 /* ------------------------------------------- quantized matmul, panel layout */
 
+/* An unaligned, aliasing 32-bit load, so that set1(*p) compiles to a
+ * broadcast from memory (a load-port uop) or folds into vpdpbusd's {1to16}
+ * operand, instead of a scalar load plus a GPR broadcast on the vector port. */
+typedef int32_t i32u __attribute__((may_alias, aligned(1)));
+
 /* Rows of a panel tile (activation rows sharing one unpacking of weights). */
 #define PT_ROWS 8
 /* Panels between a panel's software prefetch and its use. */
-#define PF_PANELS 2
+#define PF_PANELS 4
 /* Q4_0 / Q8_0 offset corrections precomputed per call (int32 per row-block). */
 #define PC_MAX CB_PACK_MAX_BLOCKS
 
@@ -99,7 +104,7 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = panel + (size_t)b * pb;
         if (pf)  /* the same block of a panel ahead, so its weights stream in while this one computes */
-            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, _MM_HINT_T0);
+            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, _MM_HINT_T1);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 mw = _mm512_setzero_ps();
         if (type == CB_TYPE_Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
@@ -119,8 +124,7 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const cb_block_q8 *xb = xr + (int64_t)r * nb + b;
-            int32_t xq[8];
-            memcpy(xq, xb->qs, sizeof xq);
+            const i32u *xq = (const i32u *)xb->qs;  /* read in place: broadcast from memory, not via a GPR */
             __m512i s0 = type == CB_TYPE_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(xc[(int64_t)r * nb + b]);
             if (R < 4) {
                 /* two dependency chains: few rows are latency-bound on one */
@@ -153,10 +157,11 @@ T512 static INL void p_rows(const int type, const cb_weight *w, const cb_block_q
     for (int64_t o = o0; o < o1; o += CB_PANEL) {
         const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * (size_t)nb * pb;
         const __mmask16 m = tail_mask(o1 - o);
-        /* software prefetch of the panel PF_PANELS ahead by the first row
-         * tile: decode streams every weight once from L3 / DRAM, and the
-         * hardware prefetcher alone leaves the kernel waiting at a few rows */
-        const uint8_t *pf = o + PF_PANELS * CB_PANEL < o1 ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
+        /* software prefetch (into L2) of the panel PF_PANELS ahead by the
+         * first row tile: decode streams every weight once from L3 / DRAM,
+         * and the hardware prefetcher alone leaves the kernel waiting at a
+         * few rows (into L1 it was slower: L1 holds fewer misses in flight) */
+        const uint8_t *pf = o + PF_PANELS * CB_PANEL < w->n_out ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
         int r = 0;
         for (; r + PT_ROWS <= n_rows; r += PT_ROWS, pf = NULL)
             p_tile(type, PT_ROWS, panel, nb, pb, xq + (int64_t)r * nb, xc ? xc + (int64_t)r * nb : NULL,
