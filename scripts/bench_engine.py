@@ -434,7 +434,8 @@ def memory_child(which, path, n_ctx, n_threads):
         e = _engine.Engine(m, n_slots=1, n_ctx=n_ctx, n_threads=n_threads)
         out["after_engine"] = rss_mib()
         I = m.info
-        out["kv_mib"] = 2 * I["n_layer"] * n_ctx * I["n_head_kv"] * I["head_dim"] * 4 / 2**20
+        elt = 2 if e.params["kv_f16"] else 4  # bytes per cached element
+        out["kv_mib"] = 2 * I["n_layer"] * n_ctx * I["n_head_kv"] * I["head_dim"] * elt / 2**20
         ours_run(e, [prompt], 64)
         out["after_generate"] = rss_mib()
     else:

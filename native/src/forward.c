@@ -123,18 +123,25 @@ void cb_ctx_free(cb_ctx *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* Address of (layer, slot, pos) in a KV cache (elements of c->kv_elt bytes). */
-static inline void *kv_at(const cb_ctx *c, void *cache, int layer, int slot, int pos) {
-    return (uint8_t *)cache + (((size_t)layer * c->n_slots + slot) * c->n_ctx + pos) * c->kv_dim * c->kv_elt;
+/* Address of (layer, slot, KV head, pos) in a KV cache, laid out
+ * [layer][slot][kv head][pos][head_dim] (elements of c->kv_elt bytes): the
+ * positions one attention call reads (one KV head of one slot) are one
+ * contiguous run, which the hardware prefetcher streams. */
+static inline void *kv_at(const cb_ctx *c, void *cache, int layer, int slot, int kh, int pos) {
+    const cb_model_info *I = &c->model->info;
+    return (uint8_t *)cache +
+           ((((size_t)layer * c->n_slots + slot) * I->n_head_kv + kh) * c->n_ctx + pos) * I->head_dim * c->kv_elt;
 }
 
 void cb_kv_copy(cb_ctx *c, int dst, int src, int n) {
     if (dst == src || n <= 0) return;
-    size_t bytes = (size_t)n * c->kv_dim * c->kv_elt;
-    for (int l = 0; l < c->model->info.n_layer; l++) {
-        memcpy(kv_at(c, c->k_cache, l, dst, 0), kv_at(c, c->k_cache, l, src, 0), bytes);
-        memcpy(kv_at(c, c->v_cache, l, dst, 0), kv_at(c, c->v_cache, l, src, 0), bytes);
-    }
+    const cb_model_info *I = &c->model->info;
+    size_t bytes = (size_t)n * I->head_dim * c->kv_elt;
+    for (int l = 0; l < I->n_layer; l++)
+        for (int kh = 0; kh < I->n_head_kv; kh++) {
+            memcpy(kv_at(c, c->k_cache, l, dst, kh, 0), kv_at(c, c->k_cache, l, src, kh, 0), bytes);
+            memcpy(kv_at(c, c->v_cache, l, dst, kh, 0), kv_at(c, c->v_cache, l, src, kh, 0), bytes);
+        }
 }
 
 /* ------------------------------------------------------------ row tasks */
@@ -213,22 +220,27 @@ static void task_rope_store(void *arg, int ith, int nth) {
         rope_apply(c->q + r * qdim, cs, I->n_head, I->head_dim, I->n_rot, I->rope_neox);
         rope_apply(c->kx + (size_t)r * c->kv_dim, cs, I->n_head_kv, I->head_dim, I->n_rot, I->rope_neox);
         int slot = t->b->slot[r], pos = t->b->pos[r];
-        const float *kr = c->kx + (size_t)r * c->kv_dim, *vr = c->vx + (size_t)r * c->kv_dim;
-        if (c->kv_f16) {
-            c->k->to_f16(kr, kv_at(c, c->k_cache, t->layer, slot, pos), c->kv_dim);
-            c->k->to_f16(vr, kv_at(c, c->v_cache, t->layer, slot, pos), c->kv_dim);
-        } else {
-            memcpy(kv_at(c, c->k_cache, t->layer, slot, pos), kr, c->kv_dim * sizeof(float));
-            memcpy(kv_at(c, c->v_cache, t->layer, slot, pos), vr, c->kv_dim * sizeof(float));
+        for (int kh = 0; kh < I->n_head_kv; kh++) {
+            const float *kr = c->kx + (size_t)r * c->kv_dim + (size_t)kh * hd;
+            const float *vr = c->vx + (size_t)r * c->kv_dim + (size_t)kh * hd;
+            if (c->kv_f16) {
+                c->k->to_f16(kr, kv_at(c, c->k_cache, t->layer, slot, kh, pos), hd);
+                c->k->to_f16(vr, kv_at(c, c->v_cache, t->layer, slot, kh, pos), hd);
+            } else {
+                memcpy(kv_at(c, c->k_cache, t->layer, slot, kh, pos), kr, (size_t)hd * sizeof(float));
+                memcpy(kv_at(c, c->v_cache, t->layer, slot, kh, pos), vr, (size_t)hd * sizeof(float));
+            }
         }
     }
 }
 
-/* Causal attention: work items are (row, KV head) pairs, each running the
- * query heads that share that KV head (GQA) through one kernel call so K and
- * V rows are read once per group.  With fewer items than 2 per thread (a
- * decode step of one or two rows) the groups are split into single heads so
- * every thread has work; heads are independent, so the result is the same. */
+/* Causal attention: one kernel call per (row, KV head) runs the query heads
+ * that share that KV head (GQA), so K and V rows are read once per group.
+ * Work items are whole rows when there are at least 2 per thread (a row's
+ * KV heads share cache lines: one thread reads them once), else (row, KV
+ * head) pairs, and with fewer of those than 2 per thread (a decode step of
+ * one or two rows) single query heads, so every thread has work.  Heads are
+ * independent, so the split never changes a result. */
 static void task_attention(void *arg, int ith, int nth) {
     row_task *t = arg;
     cb_ctx *c = t->c;
@@ -237,7 +249,15 @@ static void task_attention(void *arg, int ith, int nth) {
     const int parts = t->n * I->n_head_kv >= 2 * nth ? 1 : group, per = group / parts;
     const int n_items = t->n * I->n_head_kv * parts;
     int i0, i1;
-    rows_range(n_items, ith, nth, &i0, &i1);
+    if (t->n >= 2 * nth) {  /* whole rows: items of one row are consecutive */
+        int r0, r1;
+        rows_range(t->n, ith, nth, &r0, &r1);
+        i0 = r0 * I->n_head_kv;
+        i1 = r1 * I->n_head_kv;
+        if (i1 < i0) i1 = i0;
+    } else {
+        rows_range(n_items, ith, nth, &i0, &i1);
+    }
     float *scores = c->scores + (size_t)ith * group * c->n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t qdim = (size_t)I->n_head * hd;
@@ -245,9 +265,9 @@ static void task_attention(void *arg, int ith, int nth) {
         const int r = it / (I->n_head_kv * parts), kh = it / parts % I->n_head_kv;
         const int h = kh * group + it % parts * per;  /* first query head of the item */
         const int slot = t->b->slot[r], n_pos = t->b->pos[r] + 1;
-        const void *K = (const uint8_t *)kv_at(c, c->k_cache, t->layer, slot, 0) + (size_t)kh * hd * c->kv_elt;
-        const void *V = (const uint8_t *)kv_at(c, c->v_cache, t->layer, slot, 0) + (size_t)kh * hd * c->kv_elt;
-        c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)c->kv_dim, c->kv_f16, n_pos, scale,
+        const void *K = kv_at(c, c->k_cache, t->layer, slot, kh, 0);
+        const void *V = kv_at(c, c->v_cache, t->layer, slot, kh, 0);
+        c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)hd, c->kv_f16, n_pos, scale,
                    scores, c->xb + r * qdim + (size_t)h * hd);
     }
 }

@@ -24,7 +24,7 @@ typedef struct {
     int n_batch;                  /* max rows per forward */
     int n_logits;                 /* max rows that produce logits per forward */
     int kv_dim;                   /* n_head_kv * head_dim */
-    /* KV cache: [n_layer][n_slots][n_ctx][kv_dim] of f16 (kv_f16) or f32 */
+    /* KV cache: [n_layer][n_slots][n_head_kv][n_ctx][head_dim] of f16 (kv_f16) or f32 */
     void  *k_cache, *v_cache;
     int    kv_f16;                /* 1: f16 elements (half the memory and attention reads) */
     size_t kv_elt;                /* bytes per element: 2 or 4 */

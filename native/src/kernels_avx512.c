@@ -343,15 +343,18 @@ T512 static INL __m512 kv_load(const void *base, size_t stride, int kv_f16, int 
 T512 static void attn_avx512(const float *q, int g, int hd, const void *K, const void *V, size_t stride,
                              int kv_f16, int n_pos, float scale, float *scores, float *out) {
     /* 1. scores[j][p] = scale * dot(q[j], K[p]) */
-    for (int p = 0; p < n_pos; p++) {
-        for (int j = 0; j < g; j++) {
-            const float *qj = q + (size_t)j * hd;
-            __m512 acc = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < g; j0 += ATTN_HEADS) {  /* up to ATTN_HEADS heads share each K load */
+        const int nj = g - j0 < ATTN_HEADS ? g - j0 : ATTN_HEADS;
+        for (int p = 0; p < n_pos; p++) {
+            __m512 acc[ATTN_HEADS];
+            for (int j = 0; j < ATTN_HEADS; j++) acc[j] = _mm512_setzero_ps();
             for (int i = 0; i < hd; i += 16) {
                 const __mmask16 m = tail_mask(hd - i);
-                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qj + i), kv_load(K, stride, kv_f16, p, i, m), acc);
+                const __m512 kv = kv_load(K, stride, kv_f16, p, i, m);
+                for (int j = 0; j < nj; j++)
+                    acc[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (size_t)(j0 + j) * hd + i), kv, acc[j]);
             }
-            scores[(size_t)j * n_pos + p] = hsum16(acc) * scale;
+            for (int j = 0; j < nj; j++) scores[(size_t)(j0 + j) * n_pos + p] = hsum16(acc[j]) * scale;
         }
     }
     /* 2. softmax per head: weights e^(s - max) / sum, in place */
