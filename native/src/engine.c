@@ -91,6 +91,7 @@ struct cb_engine {
     /* batch under construction, [n_batch] each */
     int32_t *b_tokens, *b_pos, *b_slot, *b_logit;
     int     *logit_req;            /* [n_logits] request index per logits row */
+    int32_t *pre_tok;              /* [n_logits] token of a row sampled ahead on the pool (< 0: not) */
     /* pending events (FIFO) */
     cb_event *events;              /* [ev_cap] */
     int       ev_head, ev_count, ev_cap;
@@ -234,10 +235,11 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     e->b_slot = calloc((size_t)p.n_batch, sizeof(int32_t));
     e->b_logit = calloc((size_t)p.n_batch, sizeof(int32_t));
     e->logit_req = calloc((size_t)n_logits, sizeof(int));
+    e->pre_tok = calloc((size_t)n_logits, sizeof(int32_t));
     e->ev_cap = 2 * CB_MAX_REQUESTS + 16;
     e->events = calloc((size_t)e->ev_cap, sizeof(cb_event));
     if (!e->slots || !e->reqs || !e->order || !e->b_tokens || !e->b_pos || !e->b_slot || !e->b_logit ||
-        !e->logit_req || !e->events) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+        !e->logit_req || !e->pre_tok || !e->events) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
     for (int s = 0; s < p.n_slots; s++) {
         e->slots[s].req = -1;
         e->slots[s].tokens = calloc((size_t)p.n_ctx, sizeof(int32_t));
@@ -305,7 +307,7 @@ void cb_engine_free(cb_engine *e) {
     cb_ctx_free(&e->ctx);
     cb_pool_free(e->pool);
     free(e->slots); free(e->reqs); free(e->order); free(e->b_tokens); free(e->b_pos);
-    free(e->b_slot); free(e->b_logit); free(e->logit_req); free(e->events);
+    free(e->b_slot); free(e->b_logit); free(e->logit_req); free(e->pre_tok); free(e->events);
     free(e);
 }
 
@@ -625,7 +627,15 @@ static int sample_row(cb_engine *e, int idx, int lr) {
         }
         mask = e->mask;
     }
-    int rc = cb_sample(&r->sp, &r->rng, &e->sampler, logits, sl->tokens, sl->n_past, mask, &res);
+    int rc;
+    if (e->pre_tok[lr] >= 0) {  /* an argmax taken ahead (argmax_ahead) */
+        res.token = e->pre_tok[lr];
+        res.logprob = NAN;
+        res.n_top = 0;
+        rc = CB_OK;
+    } else {
+        rc = cb_sample(&r->sp, &r->rng, &e->sampler, logits, sl->tokens, sl->n_past, mask, &res);
+    }
     if (rc != CB_OK) {
         error_event(e, idx, rc, mask ? "sampling failed: every token the grammar allows is banned by logit_bias"
                                      : "sampling failed: every token is banned by logit_bias");
@@ -660,6 +670,33 @@ static int sample_row(cb_engine *e, int idx, int lr) {
     r->pending = res.token;
     r->state = RQ_DECODE;
     return res.token;
+}
+
+/* Rows whose sampling is an argmax of the raw logits (plain greedy, no
+ * grammar) depend on nothing sampled before them in the step, so with
+ * several such rows (a batch of greedy streams, a verified draft) they are
+ * taken on the pool at once; sample_row then only emits.  The token is what
+ * cb_sample would give (cb_sample_argmax returns -1 where it must decide). */
+typedef struct { cb_engine *e; int n; } argmax_task;
+
+static void task_argmax(void *arg, int ith, int nth) {
+    argmax_task *t = arg;
+    cb_engine *e = t->e;
+    const int V = e->model->info.n_vocab;
+    for (int lr = ith; lr < t->n; lr += nth)
+        if (e->pre_tok[lr] == -2) e->pre_tok[lr] = cb_sample_argmax(e->ctx.logits + (size_t)lr * V, V);
+}
+
+static void argmax_ahead(cb_engine *e, int n_logit) {
+    int want = 0;
+    for (int lr = 0; lr < n_logit; lr++) {
+        const cb_request *r = &e->reqs[e->logit_req[lr]];
+        e->pre_tok[lr] = !r->matcher && cb_sample_is_argmax(&r->sp) ? -2 : -1;
+        want += e->pre_tok[lr] == -2;
+    }
+    argmax_task t = { e, n_logit };
+    if (want >= 4 && cb_pool_size(e->pool) > 1) cb_pool_run(e->pool, task_argmax, &t);
+    else for (int lr = 0; lr < n_logit; lr++) e->pre_tok[lr] = -1;  /* not worth a pool run */
 }
 
 /* ------------------------------------------------------------- drafting */
@@ -911,6 +948,7 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             if (r->n_prompt_done >= r->n_prompt) r->t_prefill_done = ts;
         }
     }
+    argmax_ahead(e, n_logit);
     /* 5. sample, in logits-row order.  A decode row followed by drafts is
      *    verified: sample row j with the KV of the pending token and drafts
      *    before it; keep going while what was sampled equals the next draft. */

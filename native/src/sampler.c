@@ -244,6 +244,22 @@ static int first_max(const float *l, int n, float *max) {
     return -1;
 }
 
+static int penalties_on(const cb_sampling_params *p) {
+    return (p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f) ||   /* <= 0 / NaN: off */
+           (p->frequency_penalty != 0.0f && p->frequency_penalty == p->frequency_penalty) ||
+           (p->presence_penalty != 0.0f && p->presence_penalty == p->presence_penalty);
+}
+
+int cb_sample_is_argmax(const cb_sampling_params *p) {
+    return !(p->temperature > 0.0f) && p->n_logit_bias == 0 && p->n_logprobs <= 0 && !penalties_on(p);
+}
+
+int cb_sample_argmax(const float *logits, int n_vocab) {
+    float m;
+    const int arg = first_max(logits, n_vocab, &m);
+    return arg >= 0 && m != INFINITY ? arg : -1;
+}
+
 /* Logit bias: added in list order (a token listed twice gets both).  Tokens
  * already at -inf (masked, or -inf from the model) stay banned: a +inf bias
  * must not resurrect a grammar-forbidden token.  Out-of-range ids are
@@ -263,11 +279,6 @@ static void apply_bias(const cb_sampling_params *p, float *l, int n_vocab) {
  * Counting borrows scratch->probs (indexed by token id) as a counter, touching
  * only the entries of the window tokens, so the cost is O(window), not
  * O(vocab), and nothing is allocated.  Counts are exact in float up to 2^24. */
-static int penalties_on(const cb_sampling_params *p) {
-    return (p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f) ||   /* <= 0 / NaN: off */
-           (p->frequency_penalty != 0.0f && p->frequency_penalty == p->frequency_penalty) ||
-           (p->presence_penalty != 0.0f && p->presence_penalty == p->presence_penalty);
-}
 
 static void apply_penalties(const cb_sampling_params *p, float *l, float *cnt, int n_vocab,
                             const int32_t *hist, int n_hist) {
@@ -327,7 +338,7 @@ int cb_sample(const cb_sampling_params *p, cb_rng *rng, cb_sampler_scratch *s,
      *    ties it with FLT_MAX).  Speculative verification and batched
      *    decode sample many rows per step, and the copy below is most of a
      *    greedy call's cost. */
-    if (greedy && !mask && p->n_logit_bias == 0 && p->n_logprobs <= 0 && !penalties_on(p)) {
+    if (!mask && cb_sample_is_argmax(p)) {
         float m;
         const int arg = first_max(logits, n_vocab, &m);
         if (arg < 0) return CB_ERR_ARG;     /* every token -inf / NaN */
