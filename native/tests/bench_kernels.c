@@ -10,7 +10,11 @@
  * streaming per shape (hot = the matrix stays in cache; model = cycling
  * through a model-sized set so weights come from L3/DRAM like in decode),
  * a whole-token emulation of SmolLM2-135M Q4_1 (30 layers of 7 matmuls + the
- * Q8_0 LM head), and prefill GFLOP/s at 64 and 512 rows.
+ * Q8_0 LM head), batched decode (all matmuls of a token for B = 1..16 rows),
+ * and prefill GFLOP/s at 64 and 512 rows.  At the AVX-512 level the weights
+ * are packed into the panel layout as the engine does at load;
+ * CB_BENCH_UNPACKED=1 leaves them in the file layout (the AVX-512 table then
+ * hands quantized matmuls to the AVX2 kernel), for an A/B of the layout.
  */
 #include "colibri.h"
 #include "kernels.h"
