@@ -38,12 +38,14 @@ import argparse
 import ctypes
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchutil as bu  # noqa: E402
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/colibri-lab/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -68,17 +70,13 @@ FILLER = ("In the early morning the harbour was quiet, and the fishermen checked
 
 # ------------------------------------------------------------------ stats
 
-def median(xs):
-    return statistics.median(xs) if xs else float("nan")
-
-
 def spread(xs):
     """(min, max) of a sample: the honest spread for a handful of repeats."""
     return (min(xs), max(xs)) if xs else (float("nan"), float("nan"))
 
 
 def bootstrap_ratio(pairs, n_boot=2000, seed=0):
-    """95% bootstrap interval of median(a)/median(b) over paired rounds."""
+    """95% bootstrap interval of bu.median(a)/bu.median(b) over paired rounds."""
     if len(pairs) < 2:
         r = pairs[0][0] / pairs[0][1] if pairs else float("nan")
         return r, r
@@ -86,7 +84,7 @@ def bootstrap_ratio(pairs, n_boot=2000, seed=0):
     rs = []
     for _ in range(n_boot):
         s = [rng.choice(pairs) for _ in pairs]
-        rs.append(median([a for a, _ in s]) / median([b for _, b in s]))
+        rs.append(bu.median([a for a, _ in s]) / bu.median([b for _, b in s]))
     rs.sort()
     return rs[int(0.025 * n_boot)], rs[int(0.975 * n_boot) - 1]
 
@@ -280,7 +278,7 @@ def abba(rounds, run_a, run_b, warmup=1):
 
 
 def summarize(name, va, vb, pairs, unit):
-    ma, mb = median(va), median(vb)
+    ma, mb = bu.median(va), bu.median(vb)
     lo, hi = bootstrap_ratio(pairs)
     print(f"  [{time.strftime('%H:%M:%S')}] {name}: ours {ma:.1f}, llama.cpp {mb:.1f}, ratio {ma / mb:.2f}"
           f" [{lo:.2f}, {hi:.2f}], load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
@@ -306,7 +304,7 @@ def section_decode(args, model, lc_by_t, prompt, results):
 
         va, vb, pairs = abba(args.rounds, run_a, run_b)
         r = summarize(f"decode tok/s, {nt} thread(s)", va, vb, pairs, "tok/s")
-        r["profile_ms_per_token"] = {k: median([p[k] for p in prof_acc[1:]]) for k in PROFILE_KEYS}
+        r["profile_ms_per_token"] = {k: bu.median([p[k] for p in prof_acc[1:]]) for k in PROFILE_KEYS}
         results.append(r)
         eng.close()
 
@@ -351,7 +349,7 @@ def section_batched(args, model, path, prompts_pool, results, table):
             va, vb, pairs = abba(args.batched_rounds, run_a, run_b)
             r = summarize(f"batched decode S_TG, B={B}, {nt} thread(s)", va, vb, pairs, "tok/s")
             r.update(B=B, PP=pp, TG=tg, threads=nt,
-                     ours_S_PP=median(rec["a_pp"][1:]), llama_S_PP=median(rec["b_pp"][1:]),
+                     ours_S_PP=bu.median(rec["a_pp"][1:]), llama_S_PP=bu.median(rec["b_pp"][1:]),
                      ours_ms_per_token_per_stream=1e3 * B / r["ours_median"],
                      llama_ms_per_token_per_stream=1e3 * B / r["llama_median"])
             results.append(r)
@@ -505,28 +503,10 @@ def section_roofline(args, model, results, decode_results):
 # ------------------------------------------------------------------ main
 
 def machine():
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        from colibri_lab import _engine
-        simd = _engine.simd_detect()
-    except Exception:  # noqa: BLE001
-        simd = "?"
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        rev = "?"
-    return {"cpu": cpu, "cores": os.cpu_count(), "simd": simd, "commit": rev,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version(),
-            "loadavg_start": os.getloadavg()}
+    """benchutil's machine header plus the load average at the start."""
+    m = bu.machine_info(None)
+    m["loadavg_start"] = os.getloadavg()
+    return m
 
 
 def fmt(x, nd=1):
