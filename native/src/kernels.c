@@ -464,6 +464,16 @@ void cb_pack_weight(const cb_weight *w, void *dst) {
         }
 }
 
+void *cb_pack_alloc(cb_weight *w) {
+    w->packed = NULL;
+    const size_t bytes = cb_pack_bytes(w->type, w->n_in, w->n_out);
+    void *p = bytes ? aligned_alloc(64, (bytes + 63) & ~(size_t)63) : NULL;
+    if (!p) return NULL;
+    cb_pack_weight(w, p);
+    w->packed = p;
+    return p;
+}
+
 /* ------------------------------------------------------------- test hook */
 
 int cb_kernel_matmul(int type, const void *w, int n_out, int n_in,
@@ -482,12 +492,9 @@ int cb_kernel_matmul(int type, const void *w, int n_out, int n_in,
     wt.packed = NULL;
     /* As the engine does at model load: AVX-512 reads the panel layout. */
     void *packed = NULL;
-    const size_t pbytes = cb_pack_bytes(type, n_in, n_out);
-    if (simd == CB_SIMD_AVX512 && pbytes) {
-        packed = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
+    if (simd == CB_SIMD_AVX512 && cb_pack_bytes(type, n_in, n_out)) {
+        packed = cb_pack_alloc(&wt);
         if (!packed) return CB_ERR_NOMEM;
-        cb_pack_weight(&wt, packed);
-        wt.packed = packed;
     }
     const size_t sbytes = cb_matmul_scratch(n_in, n_rows);
     void *scratch = aligned_alloc(64, sbytes);

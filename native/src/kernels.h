@@ -113,6 +113,11 @@ size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out);
 /* Write w (file layout, w->data) in the panel layout into dst
  * (cb_pack_bytes() bytes).  Pure byte shuffles: values are unchanged. */
 void   cb_pack_weight(const cb_weight *w, void *dst);
+/* Allocate and fill w's panel layout and point w->packed at it.  Returns the
+ * buffer (the caller frees it), or NULL with w->packed NULL when the type has
+ * no panel layout or memory ran out.  (A model packs all its matrices into
+ * one block instead: model.c.) */
+void  *cb_pack_alloc(cb_weight *w);
 
 /* Function table of one SIMD level. */
 typedef struct {

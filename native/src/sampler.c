@@ -193,15 +193,9 @@ static void sort_range(const float *l, int *v, int lo, int hi) {
 /* --------------------------------------------------------------- helpers */
 
 /* Working-copy hygiene: NaN means "cannot be scored" and is banned; +inf is
- * clamped so exp(x - max) never sees inf - inf. */
+ * clamped so exp(x - max) never sees inf - inf.  Written without branches so
+ * the whole-vocabulary copy vectorizes. */
 static inline float sanitize(float x) {
-    if (x != x) return -INFINITY;
-    if (x == INFINITY) return FLT_MAX;
-    return x;
-}
-
-/* sanitize() without branches (same results), for the whole-vocabulary copy. */
-static inline float sanitize_bf(float x) {
     x = x != x ? -INFINITY : x;
     return x == INFINITY ? FLT_MAX : x;
 }
@@ -209,11 +203,11 @@ static inline float sanitize_bf(float x) {
 /* dst = sanitized src, -inf where the mask bit is clear (mask may be NULL). */
 static void copy_logits(float *restrict dst, const float *restrict src, const uint32_t *restrict mask, int n) {
     if (!mask) {
-        for (int i = 0; i < n; i++) dst[i] = sanitize_bf(src[i]);
+        for (int i = 0; i < n; i++) dst[i] = sanitize(src[i]);
         return;
     }
     for (int i = 0; i < n; i++) {
-        const float x = sanitize_bf(src[i]);
+        const float x = sanitize(src[i]);
         dst[i] = ((mask[i >> 5] >> (i & 31)) & 1u) ? x : -INFINITY;
     }
 }

@@ -69,12 +69,7 @@ static cb_weight make_weight(const shape *s, int simd) {
     fill_weights(s->type, p, w.row_bytes * (size_t)w.n_out, s->n_in);
     w.data = p;
     w.packed = NULL;
-    const size_t pbytes = cb_pack_bytes(w.type, w.n_in, w.n_out);
-    if (simd == CB_SIMD_AVX512 && pbytes && !getenv("CB_BENCH_UNPACKED")) {
-        void *pk = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
-        cb_pack_weight(&w, pk);
-        w.packed = pk;
-    }
+    if (simd == CB_SIMD_AVX512 && !getenv("CB_BENCH_UNPACKED")) cb_pack_alloc(&w);
     return w;
 }
 

@@ -220,12 +220,9 @@ static void test_quantize_act(const cb_kernels *k) {
  * and returns the buffer to free (NULL when not packed). */
 static void *pack_for(const cb_kernels *k, cb_weight *w) {
     w->packed = NULL;
-    const size_t bytes = cb_pack_bytes(w->type, w->n_in, w->n_out);
-    if (k->simd != CB_SIMD_AVX512 || !bytes) return NULL;
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (k->simd != CB_SIMD_AVX512 || !cb_pack_bytes(w->type, w->n_in, w->n_out)) return NULL;
+    void *p = cb_pack_alloc(w);
     CHECK(p != NULL);
-    cb_pack_weight(w, p);
-    w->packed = p;
     return p;
 }
 
