@@ -480,3 +480,21 @@ def test_unknown_architecture(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"nosucharch"):
         from colibri_lab import _engine
         _engine.Model(str(p))
+
+
+def test_head_dim_past_limit(tmp_path):
+    """A head size past what the attention kernels take (512) is refused at
+    load with the size named; one at the limit loads."""
+    from colibri_lab import _engine
+    p = tmp_path / "hd.gguf"
+    write_tiny_llama(p, head_dim=520)
+    with pytest.raises(UnsupportedModelError, match=r"head dimension 520 .* 512"):
+        _engine.Model(str(p))
+    ok = tmp_path / "hd512.gguf"
+    write_tiny_llama(ok, head_dim=512)
+    m = _engine.Model(str(ok))
+    assert m.info["head_dim"] == 512
+    for simd in _engine.simd_available():  # the scalar / AVX2 attention converts rows into a 512-float buffer
+        e = _engine.Engine(m, n_ctx=16, n_threads=1, simd=simd)
+        assert np.isfinite(e.forward(0, [1, 2, 3], 0)).all()
+        e.close()
