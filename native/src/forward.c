@@ -39,14 +39,6 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static void *alloc64(size_t bytes) {
-    void *p = NULL;
-    if (bytes == 0) bytes = 64;
-    if (posix_memalign(&p, 64, (bytes + 63) & ~(size_t)63)) return NULL;
-    memset(p, 0, bytes);
-    return p;
-}
-
 int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool,
                 int n_slots, int n_ctx, int n_batch, int n_logits, int kv_f16, char *err, size_t err_len) {
     memset(c, 0, sizeof *c);
@@ -65,40 +57,40 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     size_t wide = qdim > (size_t)I->n_embd ? qdim : (size_t)I->n_embd;
     size_t B = (size_t)n_batch;
     size_t kv = (size_t)I->n_layer * n_slots * n_ctx * c->kv_dim * c->kv_elt;
-    c->k_cache = alloc64(kv);
-    c->v_cache = alloc64(kv);
-    c->x = alloc64(B * I->n_embd * sizeof(float));
-    c->xb = alloc64(B * wide * sizeof(float));
-    c->q = alloc64(B * qdim * sizeof(float));
-    c->kx = alloc64(B * c->kv_dim * sizeof(float));
-    c->vx = alloc64(B * c->kv_dim * sizeof(float));
+    c->k_cache = cb_big_alloc(kv);
+    c->v_cache = cb_big_alloc(kv);
+    c->x = cb_big_alloc(B * I->n_embd * sizeof(float));
+    c->xb = cb_big_alloc(B * wide * sizeof(float));
+    c->q = cb_big_alloc(B * qdim * sizeof(float));
+    c->kx = cb_big_alloc(B * c->kv_dim * sizeof(float));
+    c->vx = cb_big_alloc(B * c->kv_dim * sizeof(float));
     const size_t ffw = (size_t)m->n_ff_max;
-    c->hb = alloc64(B * ffw * sizeof(float));
-    c->hb2 = alloc64(B * ffw * sizeof(float));
-    c->tmp = alloc64(B * I->n_embd * sizeof(float));
-    c->rope = alloc64(B * I->n_rot * sizeof(float));
-    c->scores = alloc64((size_t)cb_pool_size(pool) * (size_t)(I->n_head / I->n_head_kv) * n_ctx * sizeof(float));
-    c->xl = alloc64((size_t)n_logits * I->n_embd * sizeof(float));
-    c->logits = alloc64((size_t)n_logits * I->n_vocab * sizeof(float));
+    c->hb = cb_big_alloc(B * ffw * sizeof(float));
+    c->hb2 = cb_big_alloc(B * ffw * sizeof(float));
+    c->tmp = cb_big_alloc(B * I->n_embd * sizeof(float));
+    c->rope = cb_big_alloc(B * I->n_rot * sizeof(float));
+    c->scores = cb_big_alloc((size_t)cb_pool_size(pool) * (size_t)(I->n_head / I->n_head_kv) * n_ctx * sizeof(float));
+    c->xl = cb_big_alloc((size_t)n_logits * I->n_embd * sizeof(float));
+    c->logits = cb_big_alloc((size_t)n_logits * I->n_vocab * sizeof(float));
     size_t s = cb_matmul_scratch(wide, n_batch);
     size_t s2 = cb_matmul_scratch(m->n_ff_max, n_batch);
-    c->mm_scratch = alloc64(s > s2 ? s : s2);
+    c->mm_scratch = cb_big_alloc(s > s2 ? s : s2);
     c->trace_step = -1;
     int moe_ok = 1;
     if (m->cfg.moe) {
         const size_t K = (size_t)m->n_expert_used, E = (size_t)m->n_expert, NL = (size_t)I->n_layer;
         c->n_expert = m->n_expert;
         c->n_used = m->n_expert_used;
-        c->router = alloc64(B * E * sizeof(float));
-        c->sel = alloc64(NL * B * K * sizeof(int32_t));
-        c->sel_w = alloc64(NL * B * K * sizeof(float));
-        c->e_off = alloc64((E + 1) * sizeof(int32_t));
-        c->e_items = alloc64(B * K * sizeof(int32_t));
-        c->xg = alloc64(B * I->n_embd * sizeof(float));
-        c->og = alloc64(B * I->n_embd * sizeof(float));
-        c->eo = alloc64(B * K * I->n_embd * sizeof(float));
-        c->sh = m->cfg.shared_expert ? alloc64(B * I->n_embd * sizeof(float)) : NULL;
-        c->expert_counts = alloc64(NL * E * sizeof(int64_t));
+        c->router = cb_big_alloc(B * E * sizeof(float));
+        c->sel = cb_big_alloc(NL * B * K * sizeof(int32_t));
+        c->sel_w = cb_big_alloc(NL * B * K * sizeof(float));
+        c->e_off = cb_big_alloc((E + 1) * sizeof(int32_t));
+        c->e_items = cb_big_alloc(B * K * sizeof(int32_t));
+        c->xg = cb_big_alloc(B * I->n_embd * sizeof(float));
+        c->og = cb_big_alloc(B * I->n_embd * sizeof(float));
+        c->eo = cb_big_alloc(B * K * I->n_embd * sizeof(float));
+        c->sh = m->cfg.shared_expert ? cb_big_alloc(B * I->n_embd * sizeof(float)) : NULL;
+        c->expert_counts = cb_big_alloc(NL * E * sizeof(int64_t));
         moe_ok = c->router && c->sel && c->sel_w && c->e_off && c->e_items && c->xg && c->og && c->eo &&
                  (c->sh || !m->cfg.shared_expert) && c->expert_counts;
         if (moe_ok) for (size_t i = 0; i < NL * B * K; i++) c->sel[i] = -1;

@@ -13,6 +13,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -464,10 +467,23 @@ void cb_pack_weight(const cb_weight *w, void *dst) {
         }
 }
 
+void *cb_big_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    const size_t align = bytes >= huge ? huge : 64;
+    const size_t size = bytes ? (bytes + align - 1) & ~(align - 1) : 64;
+    void *p = aligned_alloc(align, size);
+    if (!p) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (align == huge) madvise(p, size, MADV_HUGEPAGE);  /* advice only: 4 KiB pages still work */
+#endif
+    memset(p, 0, size);
+    return p;
+}
+
 void *cb_pack_alloc(cb_weight *w) {
     w->packed = NULL;
     const size_t bytes = cb_pack_bytes(w->type, w->n_in, w->n_out);
-    void *p = bytes ? aligned_alloc(64, (bytes + 63) & ~(size_t)63) : NULL;
+    void *p = bytes ? cb_big_alloc(bytes) : NULL;
     if (!p) return NULL;
     cb_pack_weight(w, p);
     w->packed = p;

@@ -83,7 +83,12 @@ typedef int32_t i32u __attribute__((may_alias, aligned(1)));
 /* Rows of a panel tile (activation rows sharing one unpacking of weights). */
 #define PT_ROWS 8
 /* Panels between a panel's software prefetch and its use. */
+#ifndef PF_PANELS
 #define PF_PANELS 4
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1
+#endif
 /* Q4_0 / Q8_0 offset corrections precomputed per call (int32 per row-block). */
 #define PC_MAX CB_PACK_MAX_BLOCKS
 
@@ -104,7 +109,7 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = panel + (size_t)b * pb;
         if (pf)  /* the same block of a panel ahead, so its weights stream in while this one computes */
-            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, _MM_HINT_T1);
+            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, PF_HINT);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 mw = _mm512_setzero_ps();
         if (type == CB_TYPE_Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));

@@ -557,7 +557,7 @@ static int pack_weights(cb_model *m, char *err, size_t err_len) {
         const int64_t groups = w->n_out / items[i].rows;
         total += (size_t)groups * cb_pack_bytes(w->type, w->n_in, items[i].rows);
     }
-    m->packed = aligned_alloc(64, (total + 63) & ~(size_t)63);
+    m->packed = cb_big_alloc(total);
     if (!m->packed) { free(items); set_err(err, err_len, "out of memory packing %zu bytes of weights", total); return CB_ERR_NOMEM; }
     m->packed_bytes = total;
     uint8_t *dst = m->packed;
