@@ -421,15 +421,6 @@ void cb_swiglu_generic(float *g, const float *u, int64_t n) {
 
 /* ------------------------------------------------------------ panel layout */
 
-size_t cb_pack_block_bytes(int type) {
-    switch (type) {
-    case CB_TYPE_Q4_0: return 32 + 256;
-    case CB_TYPE_Q4_1: return 64 + 256;
-    case CB_TYPE_Q8_0: return 32 + 512;
-    default: return 0;
-    }
-}
-
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out) {
     const size_t pb = cb_pack_block_bytes(type);
     if (!pb || n_in <= 0 || n_out <= 0 || n_in % CB_QK || n_in / CB_QK > CB_PACK_MAX_BLOCKS) return 0;

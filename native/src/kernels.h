@@ -115,8 +115,16 @@ typedef struct {
  * only (the AVX-512 kernel sizes a per-call stack buffer by it). */
 #define CB_PACK_MAX_BLOCKS 4096
 
-/* Bytes per (panel, block) for a type, 0 if the type has no panel layout. */
-size_t cb_pack_block_bytes(int type);
+/* Bytes per (panel, block) for a type, 0 if the type has no panel layout
+ * (inline: a compile-time constant inside the kernels). */
+static inline size_t cb_pack_block_bytes(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0: return 32 + 256;
+    case CB_TYPE_Q4_1: return 64 + 256;
+    case CB_TYPE_Q8_0: return 32 + 512;
+    default: return 0;
+    }
+}
 /* Bytes of the panel layout of a type's n_out x n_in matrix (0: none,
  * including rows past CB_PACK_MAX_BLOCKS). */
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out);

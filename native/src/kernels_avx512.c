@@ -112,9 +112,10 @@ T512 static INL __m512i dpbusd_bcast(__m512i acc, __m512i w, const i32u *x) {
  *   Q4_1: acc = fma(mw, s_rb, acc)
  * which depends on neither R nor the panel's place in the work split, so a
  * row's outputs are bit-identical however the batch is made up. */
-T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, int64_t nb, size_t pb,
+T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, int64_t nb,
                             const cb_block_q8 *xr, const int32_t *xc, float *y, int64_t ldy, __mmask16 m,
                             const uint8_t *pf) {
+    const size_t pb = cb_pack_block_bytes(type);  /* constant: the prefetch loop unrolls */
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     __m512 acc[PT_ROWS];
 #pragma GCC unroll 8
@@ -122,6 +123,7 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = panel + (size_t)b * pb;
         if (pf)  /* the same block of a panel ahead, so its weights stream in while this one computes */
+#pragma GCC unroll 16
             for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, PF_HINT);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 mw = _mm512_setzero_ps();
@@ -182,19 +184,19 @@ T512 static INL void p_rows(const int type, const cb_weight *w, const cb_block_q
         const uint8_t *pf = PF_PANELS > 0 && o + PF_PANELS * CB_PANEL < w->n_out ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
         int r = 0;
         for (; r + PT_ROWS <= n_rows; r += PT_ROWS, pf = NULL)
-            p_tile(type, PT_ROWS, panel, nb, pb, xq + (int64_t)r * nb, xc ? xc + (int64_t)r * nb : NULL,
+            p_tile(type, PT_ROWS, panel, nb, xq + (int64_t)r * nb, xc ? xc + (int64_t)r * nb : NULL,
                    y + r * ldy + o, ldy, m, pf);
         const cb_block_q8 *xr = xq + (int64_t)r * nb;
         const int32_t *xcr = xc ? xc + (int64_t)r * nb : NULL;
         float *yr = y + r * ldy + o;
         switch (n_rows - r) {
-        case 7: p_tile(type, 7, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
-        case 6: p_tile(type, 6, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
-        case 5: p_tile(type, 5, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
-        case 4: p_tile(type, 4, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
-        case 3: p_tile(type, 3, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
-        case 2: p_tile(type, 2, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
-        case 1: p_tile(type, 1, panel, nb, pb, xr, xcr, yr, ldy, m, pf); break;
+        case 7: p_tile(type, 7, panel, nb, xr, xcr, yr, ldy, m, pf); break;
+        case 6: p_tile(type, 6, panel, nb, xr, xcr, yr, ldy, m, pf); break;
+        case 5: p_tile(type, 5, panel, nb, xr, xcr, yr, ldy, m, pf); break;
+        case 4: p_tile(type, 4, panel, nb, xr, xcr, yr, ldy, m, pf); break;
+        case 3: p_tile(type, 3, panel, nb, xr, xcr, yr, ldy, m, pf); break;
+        case 2: p_tile(type, 2, panel, nb, xr, xcr, yr, ldy, m, pf); break;
+        case 1: p_tile(type, 1, panel, nb, xr, xcr, yr, ldy, m, pf); break;
         default: break;
         }
     }
