@@ -357,36 +357,44 @@ T512 static INL __m512 kv_load(const void *base, size_t stride, int kv_f16, int 
     return _mm512_maskz_loadu_ps(m, (const float *)base + (size_t)p * stride + i);
 }
 
-/* Lane p of the result = the sum of the 16 lanes of a[p] (a transpose-add
- * tree: 15 shuffle+add steps for 16 sums instead of one horizontal sum each).
- * Each lane only ever adds lanes of its own a[p], in the same tree order. */
-T512 static INL __m512 hsum16x16(const __m512 *a) {
-    __m512 s1[8], s2[4], s3[2];
-    for (int k = 0; k < 8; k++)  /* per 128-bit lane: a0+a2 b0+b2 a1+a3 b1+b3 */
-        s1[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
-    for (int k = 0; k < 4; k++) {  /* per 128-bit lane: the four accumulators' partial sums */
-        const __m512d x = _mm512_castps_pd(s1[2 * k]), y = _mm512_castps_pd(s1[2 * k + 1]);
-        s2[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    for (int k = 0; k < 2; k++)  /* 128-bit lanes pairwise: L0+L1, L2+L3 of two groups */
-        s3[k] = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2 * k], s2[2 * k + 1], 0x88),
-                              _mm512_shuffle_f32x4(s2[2 * k], s2[2 * k + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(s3[0], s3[1], 0x88), _mm512_shuffle_f32x4(s3[0], s3[1], 0xDD));
+/* Two vectors of partial sums into one (a transpose-add step): per 128-bit
+ * lane, [a0+a2, b0+b2, a1+a3, b1+b3]. */
+T512 static INL __m512 tadd1(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+/* Per 128-bit lane: the four sums of the two tadd1 results' accumulators. */
+T512 static INL __m512 tadd2(__m512 x, __m512 y) {
+    const __m512d a = _mm512_castps_pd(x), b = _mm512_castps_pd(y);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+}
+/* 128-bit lanes pairwise: [x.L0 + x.L1, x.L2 + x.L3, y.L0 + y.L1, y.L2 + y.L3]. */
+T512 static INL __m512 tadd4(__m512 x, __m512 y) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
 }
 
-/* Scores of one head for positions p0 .. p0+15 (rows past n_pos read as 0;
- * their lanes are never used): 16 independent fma chains over hd, reduced
- * together.  Kb holds the 16 K rows as f32, hd apart. */
-T512 static INL __m512 attn_scores16(const float *q, int hd, const float *Kb) {
-    __m512 acc[16];
-    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_ps();
+/* Scores of one head for 16 positions: Kb holds the 16 K rows as f32, ks
+ * apart, zero past hd (q is masked to hd, so padding multiplies zeros).
+ * 16 independent fma chains over hd, then lane p of the result = the sum of
+ * chain p's 16 lanes by a transpose-add tree (15 shuffle+add steps for 16
+ * sums instead of one horizontal sum each).  Each lane only ever adds lanes
+ * of its own chain, in a fixed order.  Called with a constant hd and ks for
+ * the common head sizes, so every K load is one fma operand at a constant
+ * offset and the chains stay in registers. */
+T512 static INL __m512 attn_scores16(const float *q, const int hd, const int ks, const float *Kb) {
+#define A16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define DECL(p) __m512 a##p = _mm512_setzero_ps();
+#define STEP(p) a##p = _mm512_fmadd_ps(qv, _mm512_load_ps(Kb + (p) * ks + i), a##p);
+    A16(DECL)
     for (int i = 0; i < hd; i += 16) {
-        const __mmask16 m = tail_mask(hd - i);
-        const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
-#pragma GCC unroll 16
-        for (int p = 0; p < 16; p++) acc[p] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, Kb + (size_t)p * hd + i), acc[p]);
+        const __m512 qv = _mm512_maskz_loadu_ps(tail_mask(hd - i), q + i);
+        A16(STEP)
     }
-    return hsum16x16(acc);
+#undef STEP
+#undef DECL
+#undef A16
+    const __m512 b0 = tadd2(tadd1(a0, a1), tadd1(a2, a3)), b1 = tadd2(tadd1(a4, a5), tadd1(a6, a7));
+    const __m512 b2 = tadd2(tadd1(a8, a9), tadd1(a10, a11)), b3 = tadd2(tadd1(a12, a13), tadd1(a14, a15));
+    return tadd4(tadd4(b0, b1), tadd4(b2, b3));
 }
 
 /* out[j][i0 .. i0+63] = sum_p w[j][p] * V[p][i0 ..] for NJ heads: 4 * NJ
@@ -425,33 +433,34 @@ T512 static INL void attn_v_block(const float *w, int n_pos, int NJ, const void 
  * 3. weighted V, 64 outputs of up to ATTN_HEADS heads at a time, each V row
  *    loaded once per group.
  * Per head every operation and its order are the same whatever g is, and a
- * position's score does not depend on n_pos (blocks start at position 0). */
-T512 static void attn_avx512(const float *q, int g, int hd, const void *K, const void *V, size_t stride,
-                             int kv_f16, int n_pos, float scale, float *scores, float *out) {
+ * position's score does not depend on n_pos (blocks start at position 0).
+ * hd is a constant for the common head sizes (see attn_avx512). */
+T512 static INL void attn_body(const float *q, int g, const int hd, const void *K, const void *V, size_t stride,
+                               int kv_f16, int n_pos, float scale, float *scores, float *out) {
+    const int ks = (hd + 15) & ~15;  /* kb row stride: whole vectors, zero past hd */
     _Alignas(64) float kb[16 * CB_MAX_HEAD_DIM];
     const __m512 vscale = _mm512_set1_ps(scale);
+    const size_t row = stride * (kv_f16 ? sizeof(uint16_t) : sizeof(float));
     /* 1. scores[j][p] = scale * dot(q[j], K[p]) */
     for (int p0 = 0; p0 < n_pos; p0 += 16) {
         const int np = n_pos - p0 < 16 ? n_pos - p0 : 16;
         {   /* KV comes from L3 / DRAM (the weight stream evicts it between
              * layers): prefetch the next K block and this block's V rows,
              * which pass 3 reads (measured: attention -25% at 8 streams) */
-            const size_t row = stride * (kv_f16 ? sizeof(uint16_t) : sizeof(float));
             const int nk = n_pos - p0 - 16 < 16 ? n_pos - p0 - 16 : 16;
             const char *kn = (const char *)K + (size_t)(p0 + 16) * row, *vb = (const char *)V + (size_t)p0 * row;
             for (size_t b = 0; nk > 0 && b < (size_t)nk * row; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
             for (size_t b = 0; b < (size_t)np * row; b += 64) _mm_prefetch(vb + b, _MM_HINT_T0);
         }
         for (int p = 0; p < 16; p++)
-            for (int i = 0; i < hd; i += 16) {
+            for (int i = 0; i < ks; i += 16) {
                 const __mmask16 m = tail_mask(hd - i);
-                const __m512 kv = p < np ? kv_load(K, stride, kv_f16, p0 + p, i, m) : _mm512_setzero_ps();
-                _mm512_mask_storeu_ps(kb + (size_t)p * hd + i, m, kv);
+                _mm512_store_ps(kb + (size_t)p * ks + i, p < np ? kv_load(K, stride, kv_f16, p0 + p, i, m) : _mm512_setzero_ps());
             }
         const __mmask16 mp = tail_mask(np);
         for (int j = 0; j < g; j++)
             _mm512_mask_storeu_ps(scores + (size_t)j * n_pos + p0, mp,
-                                  _mm512_mul_ps(attn_scores16(q + (size_t)j * hd, hd, kb), vscale));
+                                  _mm512_mul_ps(attn_scores16(q + (size_t)j * hd, hd, ks, kb), vscale));
     }
     /* 2. softmax per head: weights e^(s - max) / sum, in place */
     for (int j = 0; j < g; j++) {
@@ -485,6 +494,16 @@ T512 static void attn_avx512(const float *q, int g, int hd, const void *K, const
             default: attn_v_block(w, n_pos, 4, V, stride, kv_f16, hd, i0, o); break;
             }
         }
+}
+
+/* Same code for every hd, compiled with a constant hd for 64 and 128. */
+T512 static void attn_avx512(const float *q, int g, int hd, const void *K, const void *V, size_t stride,
+                             int kv_f16, int n_pos, float scale, float *scores, float *out) {
+    switch (hd) {
+    case 64:  attn_body(q, g, 64, K, V, stride, kv_f16, n_pos, scale, scores, out); break;
+    case 128: attn_body(q, g, 128, K, V, stride, kv_f16, n_pos, scale, scores, out); break;
+    default:  attn_body(q, g, hd, K, V, stride, kv_f16, n_pos, scale, scores, out); break;
+    }
 }
 
 T512 static void to_f16_avx512(const float *x, uint16_t *y, int64_t n) {
