@@ -95,13 +95,9 @@ T512 static INL __m512i dpbusd_bcast(__m512i acc, __m512i w, const i32u *x) {
 
 /* Rows of a panel tile (activation rows sharing one unpacking of weights). */
 #define PT_ROWS 8
-/* Panels between a panel's software prefetch and its use. */
-#ifndef PF_PANELS
-#define PF_PANELS 4
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T1
-#endif
+/* Panels between a panel's software prefetch and its use (2 vs 4 in
+ * interleaved runs, 2 threads: one stream -1..4%, 8 streams -0..2%). */
+#define PF_PANELS 2
 /* Q4_0 / Q8_0 offset corrections precomputed per call (int32 per row-block). */
 #define PC_MAX CB_PACK_MAX_BLOCKS
 
@@ -124,7 +120,7 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
         const uint8_t *p = panel + (size_t)b * pb;
         if (pf)  /* the same block of a panel ahead, so its weights stream in while this one computes */
 #pragma GCC unroll 16
-            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, PF_HINT);
+            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, _MM_HINT_T1);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 mw = _mm512_setzero_ps();
         if (type == CB_TYPE_Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
@@ -181,7 +177,7 @@ T512 static INL void p_rows(const int type, const cb_weight *w, const cb_block_q
          * first row tile: decode streams every weight once from L3 / DRAM,
          * and the hardware prefetcher alone leaves the kernel waiting at a
          * few rows (into L1 it was slower: L1 holds fewer misses in flight) */
-        const uint8_t *pf = PF_PANELS > 0 && o + PF_PANELS * CB_PANEL < w->n_out ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
+        const uint8_t *pf = o + PF_PANELS * CB_PANEL < w->n_out ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
         int r = 0;
         for (; r + PT_ROWS <= n_rows; r += PT_ROWS, pf = NULL)
             p_tile(type, PT_ROWS, panel, nb, xq + (int64_t)r * nb, xc ? xc + (int64_t)r * nb : NULL,
