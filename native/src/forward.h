@@ -36,6 +36,7 @@ typedef struct {
     float *hb, *hb2;              /* FFN gate / up              [n_batch x n_ff] */
     float *tmp;                   /* projection output          [n_batch x n_embd] */
     float *rope;                  /* cos/sin per row            [n_batch x n_rot] (cos, sin interleaved) */
+    double *rope_freq;            /* base^(-2i / n_rot)         [n_rot / 2] */
     float *scores;                /* attention scores per thread [n_threads x GQA group x n_ctx] */
     float *xl;                    /* rows gathered for the head [n_logits x n_embd] */
     float *logits;                /* output                     [n_logits x n_vocab] */
