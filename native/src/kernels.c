@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
@@ -463,6 +464,7 @@ void cb_pack_weight(const cb_weight *w, void *dst) {
 void *cb_big_alloc(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
     const size_t align = bytes >= huge ? huge : 64;
+    if (bytes > SIZE_MAX - align) return NULL;
     const size_t size = bytes ? (bytes + align - 1) & ~(align - 1) : 64;
     void *p = aligned_alloc(align, size);
     if (!p) return NULL;
