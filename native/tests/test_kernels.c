@@ -513,6 +513,26 @@ static void test_row_dequant(void) {
     }
 }
 
+/* cb_big_alloc: zeroed, 64-byte aligned below 2 MiB and 2 MiB-aligned from
+ * there (the huge-page advice), NULL instead of a wrapped size. */
+static void test_big_alloc(void) {
+    static const size_t sizes[] = { 0, 1, 100, (size_t)2 << 20, ((size_t)3 << 20) + 5 };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint8_t *p = cb_big_alloc(sizes[i]);
+        CHECK_MSG(p != NULL, "cb_big_alloc(%zu) failed", sizes[i]);
+        if (!p) continue;
+        const size_t align = sizes[i] >= ((size_t)2 << 20) ? ((size_t)2 << 20) : 64;
+        CHECK_MSG((uintptr_t)p % align == 0, "cb_big_alloc(%zu) not %zu-aligned", sizes[i], align);
+        size_t nonzero = 0;
+        for (size_t j = 0; j < sizes[i]; j++) nonzero += p[j] != 0;
+        CHECK_MSG(nonzero == 0, "cb_big_alloc(%zu): %zu bytes not zeroed", sizes[i], nonzero);
+        if (sizes[i]) p[sizes[i] - 1] = 1;  /* the whole size is usable */
+        free(p);
+    }
+    CHECK(cb_big_alloc(SIZE_MAX) == NULL);
+    CHECK(cb_big_alloc(SIZE_MAX - 100) == NULL);
+}
+
 static void test_hook_args(void) {
     float x[64] = {0}, y[4];
     uint8_t w[4 * 34 * 2] = {0};
@@ -534,6 +554,7 @@ int main(void) {
     test_simd_names();
     test_row_dequant();
     test_hook_args();
+    test_big_alloc();
     static const int shapes[][3] = {  /* n_out, n_in, n_rows */
         { 1, 32, 5 }, { 37, 64, 9 }, { 70, 576, 9 }, { 19, 1536, 6 }, { 5, 96, 3 },
     };
