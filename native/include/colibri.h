@@ -405,7 +405,8 @@ typedef struct {
     int64_t experts_routed;  /* (row, layer, expert) routings = rows * layers * experts_used */
     /* finer profile (issue 9): parts of other_ms, synchronisation, matmul by weight type */
     double  norm_ms;         /* RMSNorms (part of other_ms) */
-    double  rope_ms;         /* RoPE and KV stores (part of other_ms) */
+    double  rope_ms;         /* RoPE and KV stores run on their own (part of other_ms); a decode
+                              * step with >= 2 rows per thread runs them in attention_ms */
     double  sync_ms;         /* caller waiting for pool workers after its own share (spread over phases) */
     double  matmul_type_ms[32]; /* matmul time by weight type (GGML type id), LM head excluded */
 } cb_step_stats;

@@ -151,6 +151,7 @@ typedef struct {
     float         *out;      /* rmsnorm output rows */
     int            n;        /* rows */
     int            dim;      /* row length */
+    int            rope_in_attn; /* 1: task_attention runs RoPE and the KV store of its rows first */
 } row_task;
 
 static void rows_range(int n, int ith, int nth, int *r0, int *r1) {
@@ -174,27 +175,10 @@ static void run_rows(cb_ctx *c, cb_pool_fn fn, row_task *t) {
     else fn(t, 0, 1);
 }
 
-static void rope_apply(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox) {
-    int half = n_rot / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *x = v + (size_t)h * head_dim;
-        for (int i = 0; i < half; i++) {
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            float x0 = x[a], x1 = x[b];
-            x[a] = x0 * c - x1 * s;
-            x[b] = x0 * s + x1 * c;
-        }
-    }
-}
-
-/* RoPE on q and k, then store k, v into the slot's cache. */
-static void task_rope_store(void *arg, int ith, int nth) {
-    row_task *t = arg;
+/* RoPE on q and k of rows [r0, r1), then store k, v into their slots' cache. */
+static void rope_store_rows(row_task *t, int r0, int r1) {
     cb_ctx *c = t->c;
     const cb_model_info *I = &c->model->info;
-    int r0, r1;
-    rows_range(t->n, ith, nth, &r0, &r1);
     const cb_layer *L = &c->model->layers[t->layer];
     const int qk_norm = c->model->cfg.qk_norm, hd = I->head_dim;
     size_t qdim = (size_t)I->n_head * I->head_dim;
@@ -212,8 +196,8 @@ static void task_rope_store(void *arg, int ith, int nth) {
             c->k->rmsnorm(k, L->k_norm, k, c->kv_dim, I->norm_eps);
         }
         const float *cs = c->rope + (size_t)r * I->n_rot;
-        rope_apply(c->q + r * qdim, cs, I->n_head, I->head_dim, I->n_rot, I->rope_neox);
-        rope_apply(c->kx + (size_t)r * c->kv_dim, cs, I->n_head_kv, I->head_dim, I->n_rot, I->rope_neox);
+        c->k->rope(c->q + r * qdim, cs, I->n_head, I->head_dim, I->n_rot, I->rope_neox);
+        c->k->rope(c->kx + (size_t)r * c->kv_dim, cs, I->n_head_kv, I->head_dim, I->n_rot, I->rope_neox);
         int slot = t->b->slot[r], pos = t->b->pos[r];
         for (int kh = 0; kh < I->n_head_kv; kh++) {
             const float *kr = c->kx + (size_t)r * c->kv_dim + (size_t)kh * hd;
@@ -227,6 +211,12 @@ static void task_rope_store(void *arg, int ith, int nth) {
             }
         }
     }
+}
+
+static void task_rope_store(void *arg, int ith, int nth) {
+    int r0, r1;
+    rows_range(((row_task *)arg)->n, ith, nth, &r0, &r1);
+    rope_store_rows(arg, r0, r1);
 }
 
 /* Causal attention: one kernel call per (row, KV head) runs the query heads
@@ -247,6 +237,7 @@ static void task_attention(void *arg, int ith, int nth) {
     if (t->n >= 2 * nth) {  /* whole rows: items of one row are consecutive */
         int r0, r1;
         rows_range(t->n, ith, nth, &r0, &r1);
+        if (t->rope_in_attn) rope_store_rows(t, r0, r1);
         i0 = r0 * I->n_head_kv;
         i1 = r1 * I->n_head_kv;
         if (i1 < i0) i1 = i0;
@@ -484,7 +475,16 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         }
     }
 
-    row_task t = { .c = c, .b = b, .n = n, .dim = D };
+    /* With whole rows per thread and every row on its own slot (a decode
+     * step), a row's attention reads only the KV its own thread stores, so
+     * RoPE and the store ride in the attention run: one pool run less per
+     * layer, and q, k stay in the core that rotated them. */
+    const int nth = cb_pool_size(c->pool);
+    int own_slots = nth > 1 && n >= 2 * nth;
+    for (int i = 0; i < n && own_slots; i++)
+        for (int j = 0; j < i; j++)
+            if (b->slot[j] == b->slot[i]) { own_slots = 0; break; }
+    row_task t = { .c = c, .b = b, .n = n, .dim = D, .rope_in_attn = own_slots };
     for (int l = 0; l < I->n_layer; l++) {
         const cb_layer *L = &m->layers[l];
         if (c->skip_layer && c->skip_layer[l]) {  /* residual passes through unchanged */
@@ -500,7 +500,7 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
             float *const yqkv[3] = { c->q, c->kx, c->vx };
             matmul_n(c, wqkv, 3, c->xb, n, yqkv);
         }
-        { double tr = now_ms(); run_rows(c, task_rope_store, &t); c->t_rope += now_ms() - tr; }
+        if (!t.rope_in_attn) { double tr = now_ms(); run_rows(c, task_rope_store, &t); c->t_rope += now_ms() - tr; }
         double ta = now_ms();
         if (cb_pool_size(c->pool) > 1 && n * I->n_head >= 2) cb_pool_run(c->pool, task_attention, &t);
         else task_attention(&t, 0, 1);

@@ -422,6 +422,20 @@ void cb_swiglu_generic(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox) {
+    const int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+            const float x0 = x[a], x1 = x[b];
+            x[a] = x0 * c - x1 * s;
+            x[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
 /* ------------------------------------------------------------ panel layout */
 
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out) {

@@ -163,11 +163,19 @@ typedef struct {
     void  (*rmsnorm)(const float *x, const float *w, float *o, int n, float eps);
     /* g = silu(g) * u = g / (1 + e^-g) * u over n floats (the SwiGLU gate). */
     void  (*swiglu)(float *g, const float *u, int64_t n);
+    /* RoPE in place on n_heads rows of head_dim floats: the first n_rot
+     * dimensions of each rotate in pairs (i, i + n_rot/2) when neox, else
+     * (2i, 2i + 1), pair i by cs[2i] = cos, cs[2i + 1] = sin:
+     *   a' = a * cos - b * sin,  b' = a * sin + b * cos
+     * each product rounded, then the sum (no fused multiply-add), so every
+     * level gives the same bits. */
+    void  (*rope)(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox);
 } cb_kernels;
 
-/* The scalar rmsnorm and swiglu (also AVX2's). */
+/* The scalar rmsnorm, swiglu and rope (also AVX2's). */
 void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps);
 void cb_swiglu_generic(float *g, const float *u, int64_t n);
+void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox);
 
 /* attn built from a level's dot product, y += a * x and f16 row conversion
  * (scalar and AVX2).  f16 rows are converted to floats one at a time into a

@@ -541,9 +541,47 @@ T512 static void swiglu_avx512(float *g, const float *u, int64_t n) {
     }
 }
 
+/* Pairs of 8 (interleaved) or 16 (neox) at a time; the products and sums
+ * are the scalar code's, one rounding each (mul, then add: no fma). */
+T512 static void rope_avx512(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox) {
+    const int half = n_rot / 2;
+    if (neox ? half % 16 != 0 : n_rot % 16 != 0) {  /* odd sizes: the scalar loop */
+        cb_rope_generic(v, cs, n_heads, head_dim, n_rot, neox);
+        return;
+    }
+    /* even lanes take -sin: a' = a c + b (-s), b' = b c + a s */
+    const __m512i neg_even = _mm512_set1_epi64(0x80000000LL);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (int j = 0; j < (neox ? half : n_rot); j += 16) {
+        __m512 C, S;
+        if (neox) {  /* cos / sin of pairs j..j+15, each in its own vector */
+            const __m512 a = _mm512_loadu_ps(cs + 2 * j), b = _mm512_loadu_ps(cs + 2 * j + 16);
+            C = _mm512_permutex2var_ps(a, even, b);
+            S = _mm512_permutex2var_ps(a, odd, b);
+        } else {     /* lanes (2i, 2i+1) hold pair j/2 + i: [c c], [-s s] */
+            const __m512 a = _mm512_loadu_ps(cs + j);
+            C = _mm512_permute_ps(a, 0xA0);
+            S = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_permute_ps(a, 0xF5)), neg_even));
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *x = v + (size_t)h * head_dim;
+            if (neox) {
+                const __m512 lo = _mm512_loadu_ps(x + j), hi = _mm512_loadu_ps(x + j + half);
+                _mm512_storeu_ps(x + j, _mm512_sub_ps(_mm512_mul_ps(lo, C), _mm512_mul_ps(hi, S)));
+                _mm512_storeu_ps(x + j + half, _mm512_add_ps(_mm512_mul_ps(lo, S), _mm512_mul_ps(hi, C)));
+            } else {
+                const __m512 a = _mm512_loadu_ps(x + j);
+                const __m512 sw = _mm512_permute_ps(a, 0xB1);  /* (b, a) in each pair */
+                _mm512_storeu_ps(x + j, _mm512_add_ps(_mm512_mul_ps(a, C), _mm512_mul_ps(sw, S)));
+            }
+        }
+    }
+}
+
 static const cb_kernels table = {
     CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512, to_f16_avx512, rmsnorm_avx512,
-    swiglu_avx512
+    swiglu_avx512, rope_avx512
 };
 
 const cb_kernels *cb_kernels_avx512_table(void);

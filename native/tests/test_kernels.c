@@ -388,6 +388,43 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
 
 /* rmsnorm (also in place) and swiglu against double references, over
  * lengths that end in a partial vector and gates far into both tails. */
+/* rope: every level gives the scalar loop's bits, for both pairings, full
+ * and partial rotation (dimensions past n_rot untouched), and head sizes
+ * whose pairs do not fill a vector (the fallback); against a double
+ * reference too, so the scalar loop itself is checked. */
+static void test_rope(const cb_kernels *k) {
+    static const int shapes[][3] = {  /* head_dim, n_rot, n_heads */
+        { 64, 64, 9 }, { 128, 128, 3 }, { 128, 64, 2 }, { 64, 32, 5 }, { 80, 80, 2 }, { 96, 48, 1 }, { 8, 8, 4 },
+    };
+    float cs[128], v[9 * 128], ref[9 * 128], want[9 * 128];
+    for (size_t a = 0; a < sizeof shapes / sizeof shapes[0]; a++) {
+        const int hd = shapes[a][0], n_rot = shapes[a][1], nh = shapes[a][2];
+        for (int neox = 0; neox <= 1; neox++) {
+            for (int i = 0; i < n_rot / 2; i++) {
+                const double th = (37 + a) * pow(10000.0, -2.0 * i / n_rot);
+                cs[2 * i] = (float)cos(th); cs[2 * i + 1] = (float)sin(th);
+            }
+            for (int i = 0; i < nh * hd; i++) v[i] = ref[i] = want[i] = rnd_f() * 3.0f;
+            k->rope(v, cs, nh, hd, n_rot, neox);
+            cb_rope_generic(ref, cs, nh, hd, n_rot, neox);
+            CHECK_MSG(memcmp(v, ref, sizeof(float) * nh * hd) == 0, "%s rope hd=%d n_rot=%d neox=%d differs from scalar",
+                      cb_simd_name(k->simd), hd, n_rot, neox);
+            int bad = 0;
+            for (int h = 0; h < nh; h++) {
+                const float *x = want + h * hd, *y = v + h * hd;
+                for (int i = 0; i < n_rot / 2; i++) {
+                    const int ia = neox ? i : 2 * i, ib = neox ? i + n_rot / 2 : 2 * i + 1;
+                    const double ea = (double)x[ia] * cs[2 * i] - (double)x[ib] * cs[2 * i + 1];
+                    const double eb = (double)x[ia] * cs[2 * i + 1] + (double)x[ib] * cs[2 * i];
+                    if (fabs(y[ia] - ea) > 1e-5 || fabs(y[ib] - eb) > 1e-5) bad++;
+                }
+                for (int i = n_rot; i < hd; i++) if (y[i] != x[i]) bad++;
+            }
+            CHECK_MSG(bad == 0, "%s rope hd=%d n_rot=%d neox=%d: %d wrong", cb_simd_name(k->simd), hd, n_rot, neox, bad);
+        }
+    }
+}
+
 static void test_norm_swiglu(const cb_kernels *k) {
     static const int ns[] = { 1, 7, 64, 67, 576, 1536 };
     enum { MAXN = 1536 };
@@ -564,6 +601,7 @@ int main(void) {
         test_quantize_act(k);
         test_attention(k);
         test_norm_swiglu(k);
+        test_rope(k);
         for (int t = 0; t < N_TYPES; t++)
             for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
                 test_matmul_shape(k, types[t], shapes[i][0], shapes[i][1], shapes[i][2]);
