@@ -78,6 +78,7 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     size_t s = cb_matmul_scratch(wide, n_batch);
     size_t s2 = cb_matmul_scratch(m->n_ff_max, n_batch);
     c->mm_scratch = cb_big_alloc(s > s2 ? s : s2);
+    c->act_q = cb_big_alloc(s > s2 ? s : s2);
     c->trace_step = -1;
     int moe_ok = 1;
     if (m->cfg.moe) {
@@ -99,7 +100,7 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
         if (moe_ok) for (size_t i = 0; i < NL * B * K; i++) c->sel[i] = -1;
     }
     if (!c->k_cache || !c->v_cache || !c->x || !c->xb || !c->q || !c->kx || !c->vx || !c->hb ||
-        !c->hb2 || !c->tmp || !c->rope || !c->rope_freq || !c->scores || !c->xl || !c->logits || !c->mm_scratch || !moe_ok) {
+        !c->hb2 || !c->tmp || !c->rope || !c->rope_freq || !c->scores || !c->xl || !c->logits || !c->mm_scratch || !c->act_q || !moe_ok) {
         snprintf(err, err_len, "out of memory allocating the KV cache (%.1f MiB) and buffers",
                  2.0 * kv / (1024.0 * 1024.0));
         cb_ctx_free(c);
@@ -111,7 +112,7 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
 void cb_ctx_free(cb_ctx *c) {
     free(c->k_cache); free(c->v_cache); free(c->x); free(c->xb); free(c->q); free(c->kx);
     free(c->vx); free(c->hb); free(c->hb2); free(c->tmp); free(c->rope); free(c->rope_freq); free(c->scores);
-    free(c->xl); free(c->logits); free(c->mm_scratch);
+    free(c->xl); free(c->logits); free(c->mm_scratch); free(c->act_q);
     free(c->router); free(c->sel); free(c->sel_w); free(c->e_off); free(c->e_items);
     free(c->xg); free(c->og); free(c->eo); free(c->sh); free(c->expert_counts);
     if (c->trace) fclose(c->trace);
@@ -147,11 +148,14 @@ typedef struct {
     const cb_batch *b;
     int            layer;
     const float   *norm_w;   /* rmsnorm weight */
-    const float   *in;       /* rmsnorm input rows  */
+    float         *in;       /* rmsnorm input rows (the residual stream) */
+    const float   *add;      /* rmsnorm: rows added into `in` first (a pending residual), or NULL */
     float         *out;      /* rmsnorm output rows */
     int            n;        /* rows */
     int            dim;      /* row length */
     int            rope_in_attn; /* 1: task_attention runs RoPE and the KV store of its rows first */
+    cb_block_q8   *q_out;    /* rmsnorm / attention / swiglu: their output rows quantized here for
+                                the next matmul (each thread its own rows, once), or NULL */
 } row_task;
 
 static void rows_range(int n, int ith, int nth, int *r0, int *r1) {
@@ -160,13 +164,26 @@ static void rows_range(int n, int ith, int nth, int *r0, int *r1) {
     *r1 = *r0 + per < n ? *r0 + per : n;
 }
 
+static void add_rows(float *x, const float *d, size_t n);
+
+/* Quantize rows [r0, r1) of width dim into t->q_out (if set). */
+static void quantize_out(const row_task *t, const float *rows, int dim, int r0, int r1) {
+    if (!t->q_out) return;
+    const size_t nb = (size_t)dim / CB_QK;
+    for (int r = r0; r < r1; r++) t->c->k->quantize_q8(rows + (size_t)r * dim, t->q_out + (size_t)r * nb, dim);
+}
+
 static void task_rmsnorm(void *arg, int ith, int nth) {
     row_task *t = arg;
     int r0, r1;
     rows_range(t->n, ith, nth, &r0, &r1);
     float eps = t->c->model->info.norm_eps;
-    for (int r = r0; r < r1; r++)
-        t->c->k->rmsnorm(t->in + (size_t)r * t->dim, t->norm_w, t->out + (size_t)r * t->dim, t->dim, eps);
+    for (int r = r0; r < r1; r++) {
+        float *in = t->in + (size_t)r * t->dim;
+        if (t->add) add_rows(in, t->add + (size_t)r * t->dim, (size_t)t->dim);
+        t->c->k->rmsnorm(in, t->norm_w, t->out + (size_t)r * t->dim, t->dim, eps);
+    }
+    quantize_out(t, t->out, t->dim, r0, r1);
 }
 
 /* Run a row task on the pool when there is enough work, else inline. */
@@ -233,11 +250,12 @@ static void task_attention(void *arg, int ith, int nth) {
     const int hd = I->head_dim, group = I->n_head / I->n_head_kv;
     const int parts = t->n * I->n_head_kv >= 2 * nth ? 1 : group, per = group / parts;
     const int n_items = t->n * I->n_head_kv * parts;
-    int i0, i1;
+    int i0, i1, q_rows[2] = { 0, 0 };  /* rows this thread owns whole: quantized for the next matmul */
     if (t->n >= 2 * nth) {  /* whole rows: items of one row are consecutive */
         int r0, r1;
         rows_range(t->n, ith, nth, &r0, &r1);
         if (t->rope_in_attn) rope_store_rows(t, r0, r1);
+        q_rows[0] = r0; q_rows[1] = r1;
         i0 = r0 * I->n_head_kv;
         i1 = r1 * I->n_head_kv;
         if (i1 < i0) i1 = i0;
@@ -256,6 +274,7 @@ static void task_attention(void *arg, int ith, int nth) {
         c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)hd, c->kv_f16, n_pos, scale,
                    scores, c->xb + r * qdim + (size_t)h * hd);
     }
+    quantize_out(t, c->xb, (int)qdim, q_rows[0], q_rows[1]);
 }
 
 /* hb = silu(hb) * hb2 over rows of width t->dim (packed). */
@@ -269,6 +288,7 @@ static void task_swiglu(void *arg, int ith, int nth) {
         float *g = c->hb + (size_t)r * n_ff, *u = c->hb2 + (size_t)r * n_ff;
         c->k->swiglu(g, u, n_ff);
     }
+    quantize_out(t, c->hb, n_ff, r0, r1);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -284,22 +304,24 @@ static void add_rows(float *x, const float *d, size_t n) {
     for (; i < n; i++) x[i] += d[i];
 }
 
-static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *y) {
-    double t0 = now_ms();
-    cb_matmul(c->pool, c->k, w, x, n, y, c->mm_scratch);
-    double dt = now_ms() - t0;
-    c->t_matmul += dt;
-    if (w->type >= 0 && w->type < CB_N_TYPES) c->t_matmul_type[w->type] += dt;
-}
-
 /* Several matmuls over the same input rows as one pool run sharing one
- * activation quantization (bit-identical to separate matmul() calls). */
-static void matmul_n(cb_ctx *c, const cb_weight *const *w, int n_w, const float *x, int n, float *const *y) {
+ * activation quantization (bit-identical to separate matmul() calls); xq:
+ * the rows already quantized by the task that made them, or NULL. */
+static void matmul_q(cb_ctx *c, const cb_weight *const *w, int n_w, const float *x, const cb_block_q8 *xq,
+                     int n, float *const *y) {
     double t0 = now_ms();
-    cb_matmul_multi(c->pool, c->k, w, n_w, x, n, y, c->mm_scratch);
+    cb_matmul_multi(c->pool, c->k, w, n_w, x, xq, n, y, c->mm_scratch);
     double dt = now_ms() - t0;
     c->t_matmul += dt;
     if (w[0]->type >= 0 && w[0]->type < CB_N_TYPES) c->t_matmul_type[w[0]->type] += dt;  /* fused weights share a type */
+}
+
+static void matmul_n(cb_ctx *c, const cb_weight *const *w, int n_w, const float *x, int n, float *const *y) {
+    matmul_q(c, w, n_w, x, NULL, n, y);
+}
+
+static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *y) {
+    matmul_q(c, &w, 1, x, NULL, n, &y);
 }
 
 /* ------------------------------------------------------ mixture of experts */
@@ -333,8 +355,6 @@ static void route_row(const cb_model *m, const float *logits, float *prob, int32
     if (m->expert_weights_scale != 1.0f)
         for (int k = 0; k < K; k++) w[k] *= m->expert_weights_scale;
 }
-
-static void matmul(cb_ctx *c, const cb_weight *w, const float *x, int n, float *y);
 
 /* The MoE FFN of layer l over c->xb (normed rows); result in c->tmp. */
 static void moe_ffn(cb_ctx *c, int l, const cb_batch *b, row_task *t) {
@@ -485,6 +505,11 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         for (int j = 0; j < i; j++)
             if (b->slot[j] == b->slot[i]) { own_slots = 0; break; }
     row_task t = { .c = c, .b = b, .n = n, .dim = D, .rope_in_attn = own_slots };
+    /* Attention gives each thread whole rows when there are >= 2 per thread;
+     * then it quantizes its rows for the output projection. */
+    const int attn_nth = nth > 1 && n * I->n_head >= 2 ? nth : 1;
+    const int attn_rows = n >= 2 * attn_nth;
+    const float *residual = NULL;  /* a projection output not yet added to x: the next norm adds it */
     for (int l = 0; l < I->n_layer; l++) {
         const cb_layer *L = &m->layers[l];
         if (c->skip_layer && c->skip_layer[l]) {  /* residual passes through unchanged */
@@ -493,36 +518,43 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         }
         t.layer = l;
         /* attention */
-        t.norm_w = L->attn_norm; t.in = c->x; t.out = c->xb;
+        t.norm_w = L->attn_norm; t.in = c->x; t.add = residual; t.out = c->xb;
+        t.q_out = cb_type_wants_q8(L->wq.type) ? c->act_q : NULL;
         { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         {
             const cb_weight *wqkv[3] = { &L->wq, &L->wk, &L->wv };
             float *const yqkv[3] = { c->q, c->kx, c->vx };
-            matmul_n(c, wqkv, 3, c->xb, n, yqkv);
+            matmul_q(c, wqkv, 3, c->xb, t.q_out, n, yqkv);
         }
         if (!t.rope_in_attn) { double tr = now_ms(); run_rows(c, task_rope_store, &t); c->t_rope += now_ms() - tr; }
+        t.q_out = attn_rows && cb_type_wants_q8(L->wo.type) ? c->act_q : NULL;
         double ta = now_ms();
-        if (cb_pool_size(c->pool) > 1 && n * I->n_head >= 2) cb_pool_run(c->pool, task_attention, &t);
+        if (attn_nth > 1) cb_pool_run(c->pool, task_attention, &t);
         else task_attention(&t, 0, 1);
         c->t_attention += now_ms() - ta;
-        matmul(c, &L->wo, c->xb, n, c->tmp);
-        add_rows(c->x, c->tmp, (size_t)n * D);
+        {
+            const cb_weight *wo = &L->wo;
+            matmul_q(c, &wo, 1, c->xb, t.q_out, n, &c->tmp);
+        }
         /* feed-forward */
-        t.norm_w = L->ffn_norm; t.in = c->x; t.out = c->xb;
+        t.norm_w = L->ffn_norm; t.in = c->x; t.add = c->tmp; t.out = c->xb;
+        t.q_out = !m->cfg.moe && cb_type_wants_q8(L->w_gate.type) ? c->act_q : NULL;
         { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         if (m->cfg.moe) {
             moe_ffn(c, l, b, &t);
         } else {
-            const cb_weight *wgu[2] = { &L->w_gate, &L->w_up };
+            const cb_weight *wgu[2] = { &L->w_gate, &L->w_up }, *wd = &L->w_down;
             float *const ygu[2] = { c->hb, c->hb2 };
-            matmul_n(c, wgu, 2, c->xb, n, ygu);
+            matmul_q(c, wgu, 2, c->xb, t.q_out, n, ygu);
             t.dim = I->n_ff;
+            t.q_out = cb_type_wants_q8(L->w_down.type) ? c->act_q : NULL;
             run_rows(c, task_swiglu, &t);
             t.dim = D;
-            matmul(c, &L->w_down, c->hb, n, c->tmp);
+            matmul_q(c, &wd, 1, c->hb, t.q_out, n, &c->tmp);
         }
-        add_rows(c->x, c->tmp, (size_t)n * D);
+        residual = c->tmp;
     }
+    if (residual) add_rows(c->x, residual, (size_t)n * D);
 
     /* LM head over the rows that want logits, gathered in logit_row order */
     int n_out = 0;

@@ -41,6 +41,8 @@ typedef struct {
     float *xl;                    /* rows gathered for the head [n_logits x n_embd] */
     float *logits;                /* output                     [n_logits x n_vocab] */
     void  *mm_scratch;            /* quantized activations for cb_matmul */
+    cb_block_q8 *act_q;           /* a matmul's input rows quantized by the task that made them
+                                     (norm, attention, SwiGLU) [n_batch x max width / 32] */
     const uint8_t *skip_layer;    /* [n_layer] 1 = skip this block (self-speculative drafts); NULL = run all */
     /* mixture of experts (all NULL / 0 for a dense model) */
     int    n_expert, n_used;      /* experts per layer, experts routed per row (top-k) */

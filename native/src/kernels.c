@@ -117,7 +117,7 @@ const char *cb_type_name(int type) {
     }
 }
 
-static int type_is_quantized(int type) {
+int cb_type_wants_q8(int type) {
     return type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q8_0 || cb_kq_is_kquant(type);
 }
 
@@ -207,7 +207,8 @@ typedef struct {
     const float      *x;      /* activations [n_rows][n_in] */
     int64_t           n_in;   /* shared row length */
     int               n_rows; /* activation rows */
-    cb_block_q8      *xq;     /* shared quantized activations (NULL: none or local) */
+    const cb_block_q8 *xq;    /* shared quantized activations (NULL: none or local) */
+    cb_block_q8      *qbuf;   /* where mm_quantize_task writes them (the scratch) */
     int               quant;  /* 1: some weight is quantized (needs xq) */
     int               local_q;/* 1: each thread quantizes into its own stack buffer */
     int64_t           chunk[CB_MATMUL_MULTI_MAX];   /* output rows per work item of weight i */
@@ -233,7 +234,7 @@ static void mm_quantize_task(void *arg, int ith, int nth) {
     const int per = (c->n_rows + nth - 1) / nth;
     const int r0 = ith * per;
     const int r1 = r0 + per < c->n_rows ? r0 + per : c->n_rows;
-    if (r0 < r1) quantize_rows(c->k, c->x, c->xq, c->n_in, r0, r1);
+    if (r0 < r1) quantize_rows(c->k, c->x, c->qbuf, c->n_in, r0, r1);
 }
 
 static void mm_compute_task(void *arg, int ith, int nth) {
@@ -275,45 +276,48 @@ static int64_t mm_chunk(int64_t n_out, int n_rows, int nth) {
 }
 
 void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
-                     const float *x, int n_rows, float *const *y, void *scratch) {
+                     const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch) {
     if (n_rows <= 0 || n_w <= 0) return;
     if (n_w > CB_MATMUL_MULTI_MAX) {  /* more than one run's worth: split */
-        cb_matmul_multi(pool, k, w, CB_MATMUL_MULTI_MAX, x, n_rows, y, scratch);
-        cb_matmul_multi(pool, k, w + CB_MATMUL_MULTI_MAX, n_w - CB_MATMUL_MULTI_MAX, x, n_rows,
+        cb_matmul_multi(pool, k, w, CB_MATMUL_MULTI_MAX, x, xq, n_rows, y, scratch);
+        cb_matmul_multi(pool, k, w + CB_MATMUL_MULTI_MAX, n_w - CB_MATMUL_MULTI_MAX, x, xq, n_rows,
                         y + CB_MATMUL_MULTI_MAX, scratch);
         return;
     }
     const int nth = pool ? cb_pool_size(pool) : 1;
     mm_ctx c;
     c.k = k; c.w = w; c.y = y; c.n_w = n_w; c.x = x; c.n_in = w[0]->n_in; c.n_rows = n_rows;
-    c.xq = NULL; c.local_q = 0; c.quant = 0;
+    c.xq = NULL; c.qbuf = scratch; c.local_q = 0; c.quant = 0;
     c.first[0] = 0;
     for (int i = 0; i < n_w; i++) {
-        if (type_is_quantized(w[i]->type)) c.quant = 1;
+        if (cb_type_wants_q8(w[i]->type)) c.quant = 1;
         c.chunk[i] = mm_chunk(w[i]->n_out, n_rows, nth);
         c.first[i + 1] = c.first[i] + (w[i]->n_out > 0 ? (w[i]->n_out + c.chunk[i] - 1) / c.chunk[i] : 0);
     }
     if (c.first[n_w] == 0) return;
     const size_t qbytes = (size_t)n_rows * (size_t)(c.n_in / CB_QK) * sizeof(cb_block_q8);
-    if (c.quant) {
+    int quantize = 0;  /* 1: quantize x into scratch before the run */
+    if (c.quant && xq) {
+        c.xq = xq;
+    } else if (c.quant) {
         if (nth > 1 && qbytes <= CB_LOCAL_Q8_BYTES) c.local_q = 1;
-        else c.xq = scratch;
+        else { c.xq = scratch; quantize = 1; }
     }
     atomic_init(&c.next, 0);
 
     if (nth == 1) {
-        if (c.quant) quantize_rows(k, x, c.xq, c.n_in, 0, n_rows);
+        if (quantize) quantize_rows(k, x, scratch, c.n_in, 0, n_rows);
         for (int i = 0; i < n_w; i++)
             if (w[i]->n_out > 0) mm_rows(k, w[i], c.xq, x, n_rows, y[i], w[i]->n_out, 0, w[i]->n_out);
         return;
     }
-    if (c.quant && !c.local_q) cb_pool_run(pool, mm_quantize_task, &c);
+    if (quantize) cb_pool_run(pool, mm_quantize_task, &c);
     cb_pool_run(pool, mm_compute_task, &c);
 }
 
 void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
                const float *x, int n_rows, float *y, void *scratch) {
-    cb_matmul_multi(pool, k, &w, 1, x, n_rows, &y, scratch);
+    cb_matmul_multi(pool, k, &w, 1, x, NULL, n_rows, &y, scratch);
 }
 
 /* ------------------------------------------------------- row dequantize */

@@ -211,9 +211,16 @@ void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
  * Each y[i] is bit-identical to cb_matmul(w[i]) (same kernels, same
  * per-(row, output) order); only the synchronisation is saved: decode issues
  * a pool run per matmul, and at 2 threads each costs a few microseconds.
+ * xq: x already quantized (n_rows x n_in/32 blocks by k->quantize_q8, e.g.
+ * by the task that produced x, split by rows over the threads), or NULL to
+ * quantize here; float weights always read x.
  * scratch: cb_matmul_scratch(n_in, n_rows) bytes.  Allocates nothing. */
 void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
-                     const float *x, int n_rows, float *const *y, void *scratch);
+                     const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch);
+
+/* 1: matmuls with weights of this type read the activations quantized to
+ * cb_block_q8 blocks (the xq of cb_matmul_multi); 0: they read floats. */
+int cb_type_wants_q8(int type);
 
 /* Dequantize row `row` of w into out[n_in] (embedding lookup; reference path). */
 void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out);

@@ -350,7 +350,9 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
     float *wf = malloc(sizeof(float) * n_in);
     float *x = malloc(sizeof(float) * n_in * n_rows);
     void *scratch = aligned_alloc(64, cb_matmul_scratch(n_in, n_rows));
+    cb_block_q8 *xq = aligned_alloc(64, cb_matmul_scratch(n_in, n_rows));
     for (int i = 0; i < n_in * n_rows; i++) x[i] = rnd_f() * 3.0f;
+    for (int r = 0; r < n_rows; r++) k->quantize_q8(x + (size_t)r * n_in, xq + (size_t)r * (n_in / CB_QK), n_in);
     for (int i = 0; i < NW; i++) {
         const int type = types[i % N_TYPES];
         const int n_out = i == 4 ? 0 : 3 + (int)(rnd_u32() % 90);  /* weight 4 has no rows */
@@ -373,7 +375,8 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
         CHECK(pool != NULL);
         for (int nw = 1; nw <= NW; nw += (nw < 3 ? 1 : 4)) {
             for (int i = 0; i < nw; i++) memset(ymul[i], 0xFF, sizeof(float) * (size_t)wt[i].n_out * n_rows);
-            cb_matmul_multi(pool, k, wp, nw, x, n_rows, ymul, scratch);
+            /* odd nw: activations quantized beforehand (as a norm task does) */
+            cb_matmul_multi(pool, k, wp, nw, x, nw % 2 ? xq : NULL, n_rows, ymul, scratch);
             int diff = 0;
             for (int i = 0; i < nw; i++)
                 if (memcmp(ymul[i], yref[i], sizeof(float) * (size_t)wt[i].n_out * n_rows) != 0) diff++;
@@ -383,7 +386,7 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
         cb_pool_free(pool);
     }
     for (int i = 0; i < NW; i++) { free(wdata[i]); free(wpk[i]); free(yref[i]); free(ymul[i]); }
-    free(wf); free(x); free(scratch);
+    free(wf); free(x); free(scratch); free(xq);
 }
 
 /* rmsnorm (also in place) and swiglu against double references, over
