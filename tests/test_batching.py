@@ -185,6 +185,23 @@ def test_32_concurrent_callers_get_complete_correct_outputs(model):
         assert results[i]["metrics"]["queue_ms"] >= 0
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_greedy_token_is_the_first_maximum_of_its_logits(model, simd, threads):
+    """The LM head takes each greedy row's argmax as it writes the logits
+    (per thread, then combined): the token must be the first index of the
+    row's maximum, as np.argmax gives, at any batch size."""
+    core = _engine.Engine(model, n_slots=8, n_ctx=96, n_threads=threads, simd=simd)
+    res = run_requests(core, [(p, dict(max_tokens=6, ignore_eos=True))
+                              for p in _prompts(8, model.n_vocab, 3, 12, seed=5)])
+    n = 0
+    for r in res:
+        assert r["error"] is None and len(r["tokens"]) == 6
+        for tok, logits in zip(r["tokens"], r["logits"]):
+            assert tok == int(np.argmax(logits))
+            n += 1
+    assert n == 48
+
+
 def test_scheduler_queue_full_is_a_clear_error(model):
     from colibri_lab.errors import QueueFullError
     core = _engine.Engine(model, n_slots=1, n_ctx=64, n_threads=1)

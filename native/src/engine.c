@@ -91,7 +91,7 @@ struct cb_engine {
     /* batch under construction, [n_batch] each */
     int32_t *b_tokens, *b_pos, *b_slot, *b_logit;
     int     *logit_req;            /* [n_logits] request index per logits row */
-    int32_t *pre_tok;              /* [n_logits] token of a row sampled ahead on the pool (< 0: not) */
+    int32_t *pre_tok;              /* [n_logits] greedy token the LM head found for a row (< 0: sample it) */
     /* pending events (FIFO) */
     cb_event *events;              /* [ev_cap] */
     int       ev_head, ev_count, ev_cap;
@@ -673,30 +673,17 @@ static int sample_row(cb_engine *e, int idx, int lr) {
 }
 
 /* Rows whose sampling is an argmax of the raw logits (plain greedy, no
- * grammar) depend on nothing sampled before them in the step, so with
- * several such rows (a batch of greedy streams, a verified draft) they are
- * taken on the pool at once; sample_row then only emits.  The token is what
- * cb_sample would give (cb_sample_argmax returns -1 where it must decide). */
-typedef struct { cb_engine *e; int n; } argmax_task;
-
-static void task_argmax(void *arg, int ith, int nth) {
-    argmax_task *t = arg;
-    cb_engine *e = t->e;
-    const int V = e->model->info.n_vocab;
-    for (int lr = ith; lr < t->n; lr += nth)
-        if (e->pre_tok[lr] == -2) e->pre_tok[lr] = cb_sample_argmax(e->ctx.logits + (size_t)lr * V, V);
-}
-
+ * grammar) take the token the LM head found as it wrote them
+ * (cb_matmul_argmax: each thread scans its own outputs while they are in its
+ * cache); sample_row then only emits.  The token is what cb_sample_argmax
+ * would give: -1 where cb_sample must decide (a +inf logit, or none finite). */
 static void argmax_ahead(cb_engine *e, int n_logit) {
-    int want = 0;
+    const cb_ctx *c = &e->ctx;
     for (int lr = 0; lr < n_logit; lr++) {
         const cb_request *r = &e->reqs[e->logit_req[lr]];
-        e->pre_tok[lr] = !r->matcher && cb_sample_is_argmax(&r->sp) ? -2 : -1;
-        want += e->pre_tok[lr] == -2;
+        const int greedy = !r->matcher && cb_sample_is_argmax(&r->sp);
+        e->pre_tok[lr] = greedy && c->head_idx[lr] >= 0 && c->head_max[lr] != INFINITY ? (int32_t)c->head_idx[lr] : -1;
     }
-    argmax_task t = { e, n_logit };
-    if (want >= 4 && cb_pool_size(e->pool) > 1) cb_pool_run(e->pool, task_argmax, &t);
-    else for (int lr = 0; lr < n_logit; lr++) e->pre_tok[lr] = -1;  /* not worth a pool run */
 }
 
 /* ------------------------------------------------------------- drafting */

@@ -75,6 +75,10 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     c->scores = cb_big_alloc((size_t)cb_pool_size(pool) * (size_t)(I->n_head / I->n_head_kv) * n_ctx * sizeof(float));
     c->xl = cb_big_alloc((size_t)n_logits * I->n_embd * sizeof(float));
     c->logits = cb_big_alloc((size_t)n_logits * I->n_vocab * sizeof(float));
+    c->head_idx = cb_big_alloc((size_t)n_logits * sizeof(int64_t));
+    c->head_max = cb_big_alloc((size_t)n_logits * sizeof(float));
+    c->head_pidx = cb_big_alloc((size_t)cb_pool_size(pool) * n_logits * sizeof(int64_t));
+    c->head_pmax = cb_big_alloc((size_t)cb_pool_size(pool) * n_logits * sizeof(float));
     size_t s = cb_matmul_scratch(wide, n_batch);
     size_t s2 = cb_matmul_scratch(m->n_ff_max, n_batch);
     c->mm_scratch = cb_big_alloc(s > s2 ? s : s2);
@@ -100,7 +104,8 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
         if (moe_ok) for (size_t i = 0; i < NL * B * K; i++) c->sel[i] = -1;
     }
     if (!c->k_cache || !c->v_cache || !c->x || !c->xb || !c->q || !c->kx || !c->vx || !c->hb ||
-        !c->hb2 || !c->tmp || !c->rope || !c->rope_freq || !c->scores || !c->xl || !c->logits || !c->mm_scratch || !c->act_q || !moe_ok) {
+        !c->hb2 || !c->tmp || !c->rope || !c->rope_freq || !c->scores || !c->xl || !c->logits || !c->head_idx || !c->head_max || !c->head_pidx || !c->head_pmax ||
+        !c->mm_scratch || !c->act_q || !moe_ok) {
         snprintf(err, err_len, "out of memory allocating the KV cache (%.1f MiB) and buffers",
                  2.0 * kv / (1024.0 * 1024.0));
         cb_ctx_free(c);
@@ -112,7 +117,8 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
 void cb_ctx_free(cb_ctx *c) {
     free(c->k_cache); free(c->v_cache); free(c->x); free(c->xb); free(c->q); free(c->kx);
     free(c->vx); free(c->hb); free(c->hb2); free(c->tmp); free(c->rope); free(c->rope_freq); free(c->scores);
-    free(c->xl); free(c->logits); free(c->mm_scratch); free(c->act_q);
+    free(c->xl); free(c->logits); free(c->head_idx); free(c->head_max); free(c->head_pidx); free(c->head_pmax);
+    free(c->mm_scratch); free(c->act_q);
     free(c->router); free(c->sel); free(c->sel_w); free(c->e_off); free(c->e_items);
     free(c->xg); free(c->og); free(c->eo); free(c->sh); free(c->expert_counts);
     if (c->trace) fclose(c->trace);
@@ -566,7 +572,8 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
     }
     if (n_out > 0) {
         double th = now_ms();
-        cb_matmul(c->pool, c->k, &m->output, c->xl, n_out, c->logits, c->mm_scratch);
+        cb_matmul_argmax(c->pool, c->k, &m->output, c->xl, n_out, c->logits, c->mm_scratch,
+                         c->head_pmax, c->head_pidx, c->head_max, c->head_idx);
         c->t_lm_head += now_ms() - th;
     }
     c->n_forward++;

@@ -40,6 +40,10 @@ typedef struct {
     float *scores;                /* attention scores per thread [n_threads x GQA group x n_ctx] */
     float *xl;                    /* rows gathered for the head [n_logits x n_embd] */
     float *logits;                /* output                     [n_logits x n_vocab] */
+    int64_t *head_idx;            /* first index of each logits row's maximum (-1: all -inf / NaN) [n_logits] */
+    float *head_max;              /* that maximum               [n_logits] */
+    float *head_pmax;             /* per-thread partials of both [n_threads x n_logits] */
+    int64_t *head_pidx;
     void  *mm_scratch;            /* quantized activations for cb_matmul */
     cb_block_q8 *act_q;           /* a matmul's input rows quantized by the task that made them
                                      (norm, attention, SwiGLU) [n_batch x max width / 32] */

@@ -207,6 +207,8 @@ typedef struct {
     const float      *x;      /* activations [n_rows][n_in] */
     int64_t           n_in;   /* shared row length */
     int               n_rows; /* activation rows */
+    float            *am_max; /* argmax: per-thread partials [nth][n_rows] (NULL: no argmax) */
+    int64_t          *am_idx; /* ... and their indices */
     const cb_block_q8 *xq;    /* shared quantized activations (NULL: none or local) */
     cb_block_q8      *qbuf;   /* where mm_quantize_task writes them (the scratch) */
     int               quant;  /* 1: some weight is quantized (needs xq) */
@@ -246,6 +248,9 @@ static void mm_compute_task(void *arg, int ith, int nth) {
         xq = local;
     }
     const int64_t total = c->first[c->n_w];
+    float *am_max = c->am_max ? c->am_max + (size_t)ith * c->n_rows : NULL;
+    int64_t *am_idx = c->am_max ? c->am_idx + (size_t)ith * c->n_rows : NULL;
+    for (int r = 0; am_max && r < c->n_rows; r++) { am_max[r] = -INFINITY; am_idx[r] = -1; }
     int wi = 0;
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
@@ -255,6 +260,8 @@ static void mm_compute_task(void *arg, int ith, int nth) {
         const int64_t o0 = (i - c->first[wi]) * c->chunk[wi];
         const int64_t o1 = o0 + c->chunk[wi] < w->n_out ? o0 + c->chunk[wi] : w->n_out;
         mm_rows(c->k, w, xq, c->x, c->n_rows, c->y[wi], w->n_out, o0, o1);
+        for (int r = 0; am_max && r < c->n_rows; r++)  /* while the item's outputs are in cache */
+            c->k->argmax(c->y[wi] + (size_t)r * w->n_out + o0, o1 - o0, o0, &am_max[r], &am_idx[r]);
     }
 }
 
@@ -275,8 +282,9 @@ static int64_t mm_chunk(int64_t n_out, int n_rows, int nth) {
     return (chunk + CB_CHUNK_ALIGN - 1) / CB_CHUNK_ALIGN * CB_CHUNK_ALIGN;
 }
 
-void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
-                     const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch) {
+static void matmul_run(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
+                       const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch,
+                       float *am_max, int64_t *am_idx) {
     if (n_rows <= 0 || n_w <= 0) return;
     if (n_w > CB_MATMUL_MULTI_MAX) {  /* more than one run's worth: split */
         cb_matmul_multi(pool, k, w, CB_MATMUL_MULTI_MAX, x, xq, n_rows, y, scratch);
@@ -288,13 +296,17 @@ void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const 
     mm_ctx c;
     c.k = k; c.w = w; c.y = y; c.n_w = n_w; c.x = x; c.n_in = w[0]->n_in; c.n_rows = n_rows;
     c.xq = NULL; c.qbuf = scratch; c.local_q = 0; c.quant = 0;
+    c.am_max = am_max; c.am_idx = am_idx;
     c.first[0] = 0;
     for (int i = 0; i < n_w; i++) {
         if (cb_type_wants_q8(w[i]->type)) c.quant = 1;
         c.chunk[i] = mm_chunk(w[i]->n_out, n_rows, nth);
         c.first[i + 1] = c.first[i] + (w[i]->n_out > 0 ? (w[i]->n_out + c.chunk[i] - 1) / c.chunk[i] : 0);
     }
-    if (c.first[n_w] == 0) return;
+    if (c.first[n_w] == 0) {  /* no outputs: no maximum either */
+        for (int i = 0; am_max && i < nth * n_rows; i++) { am_max[i] = -INFINITY; am_idx[i] = -1; }
+        return;
+    }
     const size_t qbytes = (size_t)n_rows * (size_t)(c.n_in / CB_QK) * sizeof(cb_block_q8);
     int quantize = 0;  /* 1: quantize x into scratch before the run */
     if (c.quant && xq) {
@@ -305,14 +317,36 @@ void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const 
     }
     atomic_init(&c.next, 0);
 
-    if (nth == 1) {
+    if (nth == 1) {  /* one item per weight, on this thread */
         if (quantize) quantize_rows(k, x, scratch, c.n_in, 0, n_rows);
-        for (int i = 0; i < n_w; i++)
-            if (w[i]->n_out > 0) mm_rows(k, w[i], c.xq, x, n_rows, y[i], w[i]->n_out, 0, w[i]->n_out);
+        mm_compute_task(&c, 0, 1);
         return;
     }
     if (quantize) cb_pool_run(pool, mm_quantize_task, &c);
     cb_pool_run(pool, mm_compute_task, &c);
+}
+
+void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
+                     const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch) {
+    matmul_run(pool, k, w, n_w, x, xq, n_rows, y, scratch, NULL, NULL);
+}
+
+void cb_matmul_argmax(cb_pool *pool, const cb_kernels *k, const cb_weight *w, const float *x, int n_rows,
+                      float *y, void *scratch, float *part_max, int64_t *part_idx, float *max, int64_t *idx) {
+    if (n_rows <= 0) return;
+    matmul_run(pool, k, &w, 1, x, NULL, n_rows, &y, scratch, part_max, part_idx);
+    const int nth = pool ? cb_pool_size(pool) : 1;
+    for (int r = 0; r < n_rows; r++) {  /* the largest partial; on a tie the smaller index */
+        float m = -INFINITY;
+        int64_t at = -1;
+        for (int t = 0; t < nth; t++) {
+            const float pm = part_max[(size_t)t * n_rows + r];
+            const int64_t pi = part_idx[(size_t)t * n_rows + r];
+            if (pi >= 0 && (at < 0 || pm > m || (pm == m && pi < at))) { m = pm; at = pi; }
+        }
+        max[r] = m;
+        idx[r] = at;
+    }
 }
 
 void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
@@ -424,6 +458,14 @@ void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float e
 
 void cb_swiglu_generic(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void cb_argmax_generic(const float *x, int64_t n, int64_t base, float *max, int64_t *idx) {
+    float m = *max;
+    int64_t at = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > m) { m = x[i]; at = i; }
+    if (at >= 0) { *max = m; *idx = base + at; }
 }
 
 void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox) {

@@ -170,12 +170,18 @@ typedef struct {
      * each product rounded, then the sum (no fused multiply-add), so every
      * level gives the same bits. */
     void  (*rope)(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox);
+    /* If some x[i] (i < n) is > *max, set *max to the largest and *idx to
+     * base + the first i holding it; NaN never wins.  Scanning ranges in any
+     * order and keeping the smaller idx on equal maxima gives the first index
+     * of the maximum of the whole row (a greedy token). */
+    void  (*argmax)(const float *x, int64_t n, int64_t base, float *max, int64_t *idx);
 } cb_kernels;
 
 /* The scalar rmsnorm, swiglu and rope (also AVX2's). */
 void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps);
 void cb_swiglu_generic(float *g, const float *u, int64_t n);
 void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox);
+void cb_argmax_generic(const float *x, int64_t n, int64_t base, float *max, int64_t *idx);
 
 /* attn built from a level's dot product, y += a * x and f16 row conversion
  * (scalar and AVX2).  f16 rows are converted to floats one at a time into a
@@ -217,6 +223,15 @@ void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
  * scratch: cb_matmul_scratch(n_in, n_rows) bytes.  Allocates nothing. */
 void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
                      const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch);
+
+/* cb_matmul of one weight that also finds, for each row r, the first index
+ * of its largest output (NaN never wins): idx[r] (-1 when every output is
+ * -inf or NaN) and max[r].  Each thread scans the outputs it has just
+ * written, while they are in its cache, instead of a second pass over
+ * n_rows x n_out floats (the LM head: a greedy token per row).
+ * part_max, part_idx: cb_pool_size(pool) * n_rows scratch entries each. */
+void cb_matmul_argmax(cb_pool *pool, const cb_kernels *k, const cb_weight *w, const float *x, int n_rows,
+                      float *y, void *scratch, float *part_max, int64_t *part_idx, float *max, int64_t *idx);
 
 /* 1: matmuls with weights of this type read the activations quantized to
  * cb_block_q8 blocks (the xq of cb_matmul_multi); 0: they read floats. */

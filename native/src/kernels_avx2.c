@@ -278,7 +278,7 @@ static void attn_avx2(const float *q, int g, int hd, const void *K, const void *
 
 static const cb_kernels table = {
     CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, attn_avx2, to_f16_avx2, cb_rmsnorm_generic,
-    cb_swiglu_generic, cb_rope_generic
+    cb_swiglu_generic, cb_rope_generic, cb_argmax_generic
 };
 
 const cb_kernels *cb_kernels_avx2_table(void);

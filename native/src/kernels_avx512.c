@@ -579,9 +579,34 @@ T512 static void rope_avx512(float *v, const float *cs, int n_heads, int head_di
     }
 }
 
+/* The maximum over 16 lanes (vmaxps returns its second operand when the
+ * first is NaN, so NaN never enters), then the first index holding it: the
+ * scalar scan's answer (zeros of either sign compare equal in both). */
+T512 static void argmax_avx512(const float *x, int64_t n, int64_t base, float *max, int64_t *idx) {
+    __m512 m = _mm512_set1_ps(*max);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
+    if (i < n) {
+        const __mmask16 t = tail_mask(n - i);
+        m = _mm512_mask_max_ps(m, t, _mm512_maskz_loadu_ps(t, x + i), m);
+    }
+    const float mx = _mm512_reduce_max_ps(m);
+    if (!(mx > *max)) return;
+    const __m512 v = _mm512_set1_ps(mx);
+    for (i = 0; i < n; i += 16) {
+        const __mmask16 hit = _mm512_mask_cmp_ps_mask(tail_mask(n - i), _mm512_maskz_loadu_ps(tail_mask(n - i), x + i), v, _CMP_EQ_OQ);
+        if (hit) {
+            const int64_t at = i + __builtin_ctz((unsigned)hit);
+            *max = x[at];
+            *idx = base + at;
+            return;
+        }
+    }
+}
+
 static const cb_kernels table = {
     CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512, to_f16_avx512, rmsnorm_avx512,
-    swiglu_avx512, rope_avx512
+    swiglu_avx512, rope_avx512, argmax_avx512
 };
 
 const cb_kernels *cb_kernels_avx512_table(void);

@@ -215,6 +215,17 @@ static void test_quantize_act(const cb_kernels *k) {
 }
 
 /* Compare one type at one SIMD level on one shape. */
+/* The first index of the largest non-NaN entry, -1 when every entry is
+ * -inf or NaN (what cb_sample_argmax takes). */
+static int64_t ref_first_max(const float *x, int64_t n, float *max) {
+    float m = -INFINITY;
+    int64_t at = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && x[i] > -INFINITY && (at < 0 || x[i] > m)) { m = x[i]; at = i; }
+    *max = m;
+    return at;
+}
+
 /* AVX-512 reads quantized weights in the panel layout, as the engine packs
  * them at model load; other levels read the file layout.  Sets w->packed
  * and returns the buffer to free (NULL when not packed). */
@@ -326,6 +337,20 @@ static void test_matmul_shape(const cb_kernels *k, int type, int n_out, int n_in
             cb_matmul(pool, k, &wt, x, nr, y2, scratch);
             CHECK_MSG(memcmp(y2, y1, sizeof(float) * n_out * nr) == 0,
                       "%s %s %dx%d: cb_matmul nth=%d n_rows=%d differs", lvl, tn, n_out, n_in, nth, nr);
+            /* with each row's argmax taken as the threads go: same outputs, the row's first maximum */
+            float pmax[3 * 128], amax[128];
+            int64_t pidx[3 * 128], aidx[128];
+            if (nr <= 128) {
+                memset(y2, 0xFF, sizeof(float) * n_out * nr);
+                cb_matmul_argmax(pool, k, &wt, x, nr, y2, scratch, pmax, pidx, amax, aidx);
+                CHECK_MSG(memcmp(y2, y1, sizeof(float) * n_out * nr) == 0, "%s %s: cb_matmul_argmax outputs differ", lvl, tn);
+                int bad = 0;
+                for (int r = 0; r < nr; r++) {
+                    float m;
+                    if (aidx[r] != ref_first_max(y1 + (size_t)r * n_out, n_out, &m) || (aidx[r] >= 0 && amax[r] != m)) bad++;
+                }
+                CHECK_MSG(bad == 0, "%s %s %dx%d nth=%d: %d rows' argmax wrong", lvl, tn, n_out, n_in, nth, bad);
+            }
         }
         cb_pool_free(pool);
     }
@@ -391,6 +416,43 @@ static void test_matmul_multi(const cb_kernels *k, int n_in, int n_rows) {
 
 /* rmsnorm (also in place) and swiglu against double references, over
  * lengths that end in a partial vector and gates far into both tails. */
+/* argmax over a row cut into ranges scanned in a shuffled order (as threads
+ * finish them) gives the whole row's first maximum: ties, NaN, -inf, +inf,
+ * zeros of both signs, tails shorter than a vector. */
+static void test_argmax(const cb_kernels *k) {
+    enum { N = 301 };
+    float x[N];
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = 1 + (int)(rnd_u32() % N), kind = trial % 8;
+        for (int i = 0; i < n; i++) {
+            x[i] = (float)((int)(rnd_u32() % 9) - 4);  /* many ties */
+            if (kind == 1 && i % 7 == 3) x[i] = NAN;
+            if (kind == 2) x[i] = -INFINITY;
+            if (kind == 3 && i % 5 == 0) x[i] = NAN;
+            if (kind == 3 && i % 5 != 0) x[i] = -INFINITY;
+            if (kind == 4 && i == n / 2) x[i] = INFINITY;
+            if (kind == 5) x[i] = i % 2 ? 0.0f : -0.0f;
+            if (kind == 6) x[i] = rnd_f();
+        }
+        float want_m;
+        const int64_t want = ref_first_max(x, n, &want_m);
+        int cuts[4] = { 0, (int)(rnd_u32() % (n + 1)), (int)(rnd_u32() % (n + 1)), n };
+        if (cuts[1] > cuts[2]) { int t = cuts[1]; cuts[1] = cuts[2]; cuts[2] = t; }
+        float m = -INFINITY;
+        int64_t at = -1;
+        for (int j = 0; j < 3; j++) {
+            const int c = (j + trial) % 3;  /* ranges in a rotated order */
+            float pm = -INFINITY;
+            int64_t pi = -1;
+            k->argmax(x + cuts[c], cuts[c + 1] - cuts[c], cuts[c], &pm, &pi);
+            if (pi >= 0 && (at < 0 || pm > m || (pm == m && pi < at))) { m = pm; at = pi; }
+        }
+        CHECK_MSG(at == want, "%s argmax trial %d (n=%d kind %d): %lld, want %lld", cb_simd_name(k->simd), trial, n,
+                  kind, (long long)at, (long long)want);
+        if (want >= 0) CHECK(m == want_m);
+    }
+}
+
 /* rope: every level gives the scalar loop's bits, for both pairings, full
  * and partial rotation (dimensions past n_rot untouched), and head sizes
  * whose pairs do not fill a vector (the fallback); against a double
@@ -605,6 +667,7 @@ int main(void) {
         test_attention(k);
         test_norm_swiglu(k);
         test_rope(k);
+        test_argmax(k);
         for (int t = 0; t < N_TYPES; t++)
             for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
                 test_matmul_shape(k, types[t], shapes[i][0], shapes[i][1], shapes[i][2]);
