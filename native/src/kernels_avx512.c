@@ -54,23 +54,77 @@ static inline __mmask16 tail_mask(int64_t rem) {
 
 /* --------------------------------------------------------- quantization */
 
-T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
-    for (int64_t b = 0; b < n / CB_QK; b++) {
-        const __m512 v0 = _mm512_loadu_ps(x + b * CB_QK);
-        const __m512 v1 = _mm512_loadu_ps(x + b * CB_QK + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        /* Same scalar steps as the scalar path, so the bytes match it. */
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const __m512 vid = _mm512_set1_ps(id);
-        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));  /* round to nearest even */
-        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-        _mm_storeu_si128((__m128i *)q[b].qs, _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(q[b].qs + 16), _mm512_cvtsepi32_epi8(q1));
-        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-        q[b].d = d;
-        q[b].s = d * (float)sum;
+/* One block the scalar way: the same steps as the scalar path, so the bytes match it. */
+T512 static INL void quantize_block(const float *x, cb_block_q8 *q) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));  /* round to nearest even */
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+    _mm_storeu_si128((__m128i *)q->qs, _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(q->qs + 16), _mm512_cvtsepi32_epi8(q1));
+    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    q->d = d;
+    q->s = d * (float)sum;
+}
+
+/* Transposed reductions: 16 vectors in, lane j of the result = the max (or
+ * the integer sum) of vector j's lanes; exact in any order. */
+T512 static INL __m512 tmax16(const __m512 *a) {
+    __m512 b[8], c[4];
+    for (int j = 0; j < 8; j++)
+        b[j] = _mm512_max_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+    for (int j = 0; j < 4; j++) {
+        const __m512d x = _mm512_castps_pd(b[2 * j]), y = _mm512_castps_pd(b[2 * j + 1]);
+        c[j] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
+    const __m512 e0 = _mm512_max_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    const __m512 e1 = _mm512_max_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_max_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+}
+T512 static INL __m512i tsum16(const __m512i *a) {
+    __m512i b[8], c[4];
+    for (int j = 0; j < 8; j++)
+        b[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_epi32(a[2 * j], a[2 * j + 1]));
+    for (int j = 0; j < 4; j++)
+        c[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * j], b[2 * j + 1]), _mm512_unpackhi_epi64(b[2 * j], b[2 * j + 1]));
+    const __m512i e0 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[0], c[1], 0x88), _mm512_shuffle_i32x4(c[0], c[1], 0xDD));
+    const __m512i e1 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2], c[3], 0x88), _mm512_shuffle_i32x4(c[2], c[3], 0xDD));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(e0, e1, 0x88), _mm512_shuffle_i32x4(e0, e1, 0xDD));
+}
+
+/* 16 blocks at a time: their maxima and sums reduced together (one
+ * transpose tree each instead of two horizontal reductions per block) and
+ * the scales divided as one vector; every value is the scalar path's (IEEE
+ * division, exact integer sums, max in any order). */
+T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
+    const int64_t nb = n / CB_QK;
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        const float *xb = x + b * CB_QK;
+        __m512 a[16];
+        for (int j = 0; j < 16; j++)
+            a[j] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j)), _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j + 16)));
+        const __m512 d = _mm512_div_ps(tmax16(a), _mm512_set1_ps(127.0f));
+        const __mmask16 nz = _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+        const __m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d);
+        __m512i sums[16];
+        for (int j = 0; j < 16; j++) {
+            const __m512 vid = _mm512_permutexvar_ps(_mm512_set1_epi32(j), id);
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j), vid));
+            const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j + 16), vid));
+            _mm_storeu_si128((__m128i *)q[b + j].qs, _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(q[b + j].qs + 16), _mm512_cvtsepi32_epi8(q1));
+            sums[j] = _mm512_add_epi32(q0, q1);
+        }
+        float dd[16], ss[16];
+        _mm512_storeu_ps(dd, d);
+        _mm512_storeu_ps(ss, _mm512_mul_ps(d, _mm512_cvtepi32_ps(tsum16(sums))));
+        for (int j = 0; j < 16; j++) { q[b + j].d = dd[j]; q[b + j].s = ss[j]; }
+    }
+    for (; b < nb; b++) quantize_block(x + b * CB_QK, q + b);
 }
 
 /* ------------------------------------------- quantized matmul, panel layout */

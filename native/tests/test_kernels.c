@@ -191,13 +191,15 @@ static void test_simd_names(void) {
 }
 
 static void test_quantize_act(const cb_kernels *k) {
-    enum { N = 32 * 6 };
+    enum { N = 32 * 37 };  /* two groups of 16 blocks (the AVX-512 path's unit) and a tail of 5 */
     float x[N], d[N / 32];
     int8_t q[N];
-    for (int i = 0; i < N; i++) x[i] = rnd_f() * (i < 32 ? 0.001f : 3.0f);
+    for (int i = 0; i < N; i++) x[i] = rnd_f() * (i < 32 ? 0.001f : (float)(1 + i % 5));
     for (int i = 32; i < 64; i++) x[i] = 0.0f;  /* zero block */
+    for (int i = 32 * 20; i < 32 * 21; i++) x[i] = 0.0f;  /* and one inside the second group */
     x[70] = -5.0f;                               /* negative max */
     x[100] = 127.5f / 127.0f * 3.0f;             /* exercise rounding near ties */
+    x[32 * 35 + 3] = -1e-30f;                    /* a tiny block in the tail */
     cb_block_q8 blk[N / 32];
     memset(blk, 0x55, sizeof(blk));
     k->quantize_q8(x, blk, N);
@@ -210,8 +212,8 @@ static void test_quantize_act(const cb_kernels *k) {
         if (blk[b].s != d[b] * (float)sum) bad++;
     }
     CHECK_MSG(bad == 0, "%s: %d quantized activation values differ", cb_simd_name(k->simd), bad);
-    CHECK(blk[1].d == 0.0f && blk[1].s == 0.0f);
-    for (int i = 0; i < 32; i++) CHECK(blk[1].qs[i] == 0);
+    CHECK(blk[1].d == 0.0f && blk[1].s == 0.0f && blk[20].d == 0.0f);
+    for (int i = 0; i < 32; i++) CHECK(blk[1].qs[i] == 0 && blk[20].qs[i] == 0);
 }
 
 /* Compare one type at one SIMD level on one shape. */
