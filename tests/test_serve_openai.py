@@ -319,9 +319,11 @@ def test_keepalive_comments(engine):
     srv = Server(engine, port=0, model_id="smollm2", keepalive_s=0.001).start()
     try:
         wait_idle(engine)
-        body = {"model": "smollm2", "prompt": "Zebras quietly juggle purple umbrellas while seven tired otters "
-                                              "debate quantum soup recipes near a lighthouse at dawn", "max_tokens": 3,
-                "temperature": 0, "stream": True}
+        # a prompt long enough that its prefill is a silence longer than the stream's
+        # 10 ms polling tick however fast the engine is (a short one can finish first)
+        prompt = " ".join(["Zebras quietly juggle purple umbrellas while seven tired otters debate quantum "
+                           "soup recipes near a lighthouse at dawn."] * 40)
+        body = {"model": "smollm2", "prompt": prompt, "max_tokens": 3, "temperature": 0, "stream": True}
         st, h, data = raw(srv, "POST", "/v1/completions", body)
         assert st == 200 and h["content-type"].startswith("text/event-stream")
         assert b": keep-alive\n\n" in data
