@@ -266,17 +266,20 @@ static void mm_compute_task(void *arg, int ith, int nth) {
 }
 
 /* Rows per work item for one weight: ~4 chunks per thread so a slow thread
- * is covered by the others, but one per thread below 16 activation rows:
- * decode-sized matmuls stream their weights, and every item boundary costs
- * a prefetch ramp (measured in interleaved runs, 2 threads: 1 per thread vs
- * 2 is one stream -4%, 8 streams -2% per step; 4 vs 2 was +10% / +1..10%;
- * a late thread's item is still taken by the other from the shared
- * counter).  Never below CB_CHUNK_ALIGN rows (cache lines) nor a work item
- * so small that the atomic dominates (~32 rows of a 576-wide matrix). */
+ * is covered by the others, but one per thread below CB_DECODE_ROWS
+ * activation rows: decode-sized matmuls stream their weights, and every
+ * item boundary costs a prefetch ramp (measured in interleaved runs, 2
+ * threads: 1 per thread vs 2 is one stream -4%, 8 streams -2% per step; 4
+ * vs 2 was +10% / +1..10%; 16 and 32 streams with 1 instead of 4 per
+ * thread: step -3..15% and -1..10%; a late thread's item is still taken by
+ * the other from the shared counter).  Never below CB_CHUNK_ALIGN rows
+ * (cache lines) nor a work item so small that the atomic dominates (~32
+ * rows of a 576-wide matrix). */
+#define CB_DECODE_ROWS 64
 static int64_t mm_chunk(int64_t n_out, int n_rows, int nth) {
     if (nth <= 1) return n_out;
-    const int64_t min_chunk = n_rows >= 16 ? CB_CHUNK_ALIGN : 32;
-    const int per_thread = n_rows < 16 ? 1 : 4;
+    const int64_t min_chunk = n_rows >= CB_DECODE_ROWS ? CB_CHUNK_ALIGN : 32;
+    const int per_thread = n_rows < CB_DECODE_ROWS ? 1 : 4;
     int64_t chunk = (n_out + per_thread * nth - 1) / (per_thread * nth);
     if (chunk < min_chunk) chunk = min_chunk;
     return (chunk + CB_CHUNK_ALIGN - 1) / CB_CHUNK_ALIGN * CB_CHUNK_ALIGN;
