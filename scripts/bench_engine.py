@@ -13,6 +13,10 @@ llama.cpp, ours) per round after a warm-up round:
             then TG decode steps of one token per sequence with logits for
             every row; S_PP = B*PP/T_PP, S_TG = B*TG/T_TG (aggregate), and the
             per-stream time per output token T_TG/TG
+  scaling   ours at B = --scaling-b streams vs ours at one stream, interleaved
+            A B B A per round (the batched shape, S_TG of each): the
+            8-vs-1 aggregate ratio with its own bootstrap interval, free of
+            the machine's drift between the batched section's B values
   agree     greedy agreement over --agree-tokens tokens on 10 prompts: tokens
             equal until the first divergence, and total positions equal
   memory    resident set size (VmRSS) of a fresh process before/after model
@@ -358,6 +362,36 @@ def section_batched(args, model, path, prompts_pool, results, table):
             lc.close()
 
 
+def section_scaling(args, model, prompts_pool, results):
+    """Ours at B streams vs ours at one stream, ABBA-interleaved: the ratio of
+    aggregate S_TG (the issue's "8 streams vs 1" target) from paired rounds."""
+    pp, tg, B = args.batched_pp, args.batched_tg, args.scaling_b
+    for nt in args.batched_threads:
+        engs = {b: make_engine(model, nt, n_slots=b, n_ctx=pp + tg + 8, n_batch=max(512, b)) for b in (B, 1)}
+        prompts = {b: [prompts_pool[s % len(prompts_pool)][:pp] for s in range(b)] for b in (B, 1)}
+        prof = {B: [], 1: []}
+
+        def run(b):
+            _, _, t_tg, n_tg, p = ours_run(engs[b], prompts[b], tg + 1)
+            prof[b].append({k: v / n_tg for k, v in p.items()})
+            return b * n_tg / t_tg
+
+        va, vb, pairs = abba(args.scaling_rounds, lambda: run(B), lambda: run(1))
+        lo, hi = bootstrap_ratio(pairs)
+        ma, mb = bu.median(va), bu.median(vb)
+        print(f"  [{time.strftime('%H:%M:%S')}] aggregate decode, {B} streams vs 1 (ours, {nt} thread(s)):"
+              f" {ma:.1f} vs {mb:.1f} tok/s, ratio {ma / mb:.2f} [{lo:.2f}, {hi:.2f}], load {os.getloadavg()[0]:.1f}",
+              file=sys.stderr, flush=True)
+        results.append({"name": f"scaling S_TG, B={B} vs B=1, {nt} thread(s)", "B": B, "threads": nt,
+                        "PP": pp, "TG": tg, "b_median": ma, "b_spread": spread(va), "one_median": mb,
+                        "one_spread": spread(vb), "scaling": ma / mb, "scaling_ci95": (lo, hi),
+                        "b_runs": va, "one_runs": vb,
+                        "profile_ms_per_step": {b: {k: bu.median([p[k] for p in prof[b]]) for k in PROFILE_KEYS}
+                                                for b in (B, 1)}})
+        for e in engs.values():
+            e.close()
+
+
 def llama_all_logits(lc, tokens):
     """Logits of every position (teacher forcing), [n, n_vocab] float32."""
     import numpy as np
@@ -530,6 +564,12 @@ def print_report(res, mach):
                 print(f"    PP={r['PP']} TG={r['TG']}: S_PP ours {r['ours_S_PP']:.0f} llama {r['llama_S_PP']:.0f} tok/s;"
                       f" per-stream ms/token ours {r['ours_ms_per_token_per_stream']:.2f}"
                       f" llama {r['llama_ms_per_token_per_stream']:.2f}")
+        elif "scaling" in r:
+            print(f"{r['name']}: {fmt(r['b_median'])} ({fmt(r['b_spread'][0])}..{fmt(r['b_spread'][1])}) vs "
+                  f"{fmt(r['one_median'])} ({fmt(r['one_spread'][0])}..{fmt(r['one_spread'][1])}) tok/s,"
+                  f" ratio {r['scaling']:.2f} [{r['scaling_ci95'][0]:.2f}, {r['scaling_ci95'][1]:.2f}]")
+            for b, p in r["profile_ms_per_step"].items():
+                print(f"    B={b} per decode step (ms): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in p.items()))
         elif r["name"] == "roofline":
             print(f"roofline: {r['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token; one-thread read "
                   f"{r['read_GBps_model_sized_1thread']:.1f} GB/s (model-sized buffer), {r['read_GBps_1GiB_1thread']:.1f} GB/s (1 GiB)"
@@ -560,7 +600,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--quick", action="store_true", help="small CI-friendly run")
-    ap.add_argument("--sections", default="decode,prefill,batched,agree,memory,roofline")
+    ap.add_argument("--sections", default="decode,prefill,batched,scaling,agree,memory,roofline")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5, help="ABBA rounds per measurement")
     ap.add_argument("--decode-tokens", type=int, default=128)
@@ -570,6 +610,8 @@ def main(argv=None):
     ap.add_argument("--batched-pp", type=int, default=32)
     ap.add_argument("--batched-tg", type=int, default=64)
     ap.add_argument("--batched-rounds", type=int, default=3)
+    ap.add_argument("--scaling-b", type=int, default=8, help="streams compared with one in the scaling section")
+    ap.add_argument("--scaling-rounds", type=int, default=8)
     ap.add_argument("--agree-tokens", type=int, default=64)
     ap.add_argument("--memory-ctx", type=int, default=2048)
     ap.add_argument("--json", help="write all results here")
@@ -586,6 +628,8 @@ def main(argv=None):
         args.batch_sizes = "1,4"
         args.batched_tg = min(args.batched_tg, 16)
         args.batched_rounds = 1
+        args.scaling_rounds = 1
+        args.scaling_b = 4
         args.agree_tokens = min(args.agree_tokens, 16)
         args.memory_ctx = min(args.memory_ctx, 512)
     args.threads = [int(x) for x in args.threads.split(",")]
@@ -615,6 +659,8 @@ def main(argv=None):
         section_prefill(args, model, lc_by_t, prefill_prompt, results)
     if "batched" in sections:
         section_batched(args, model, args.model, pool, results, batched)
+    if "scaling" in sections:
+        section_scaling(args, model, pool, results)
     if "agree" in sections:
         section_agree(args, model, tok_lc, chat, results)
     if "memory" in sections:
