@@ -675,8 +675,8 @@ static int sample_row(cb_engine *e, int idx, int lr) {
 /* Rows whose sampling is an argmax of the raw logits (plain greedy, no
  * grammar) take the token the LM head found as it wrote them
  * (cb_matmul_argmax: each thread scans its own outputs while they are in its
- * cache); sample_row then only emits.  The token is what cb_sample_argmax
- * would give: -1 where cb_sample must decide (a +inf logit, or none finite). */
+ * cache); sample_row then only emits.  The token is what cb_sample would
+ * give; -1 where cb_sample must decide (a +inf maximum, or no valid token). */
 static void argmax_ahead(cb_engine *e, int n_logit) {
     const cb_ctx *c = &e->ctx;
     for (int lr = 0; lr < n_logit; lr++) {

@@ -248,12 +248,6 @@ int cb_sample_is_argmax(const cb_sampling_params *p) {
     return !(p->temperature > 0.0f) && p->n_logit_bias == 0 && p->n_logprobs <= 0 && !penalties_on(p);
 }
 
-int cb_sample_argmax(const float *logits, int n_vocab) {
-    float m;
-    const int arg = first_max(logits, n_vocab, &m);
-    return arg >= 0 && m != INFINITY ? arg : -1;
-}
-
 /* Logit bias: added in list order (a token listed twice gets both).  Tokens
  * already at -inf (masked, or -inf from the model) stay banned: a +inf bias
  * must not resurrect a grammar-forbidden token.  Out-of-range ids are

@@ -49,11 +49,10 @@ int cb_sample(const cb_sampling_params *p, cb_rng *rng, cb_sampler_scratch *s,
               const uint32_t *mask, cb_sample_result *out);
 
 /* 1 if cb_sample with these params and no mask is the argmax of the raw row
- * (greedy; no bias, penalties or logprobs): it then needs no scratch, no
- * history and no RNG, so rows can be sampled in parallel. */
+ * (greedy; no bias, penalties or logprobs): the first index of the row's
+ * maximum, NaN never winning (where every entry is -inf or NaN, or the
+ * maximum is +inf, cb_sample itself decides).  It needs no scratch, history
+ * or RNG, so the engine takes it from the LM head (cb_matmul_argmax). */
 int cb_sample_is_argmax(const cb_sampling_params *p);
-/* The token cb_sample picks for such params, or -1 where cb_sample must
- * decide (no valid token, or a +inf maximum). */
-int cb_sample_argmax(const float *logits, int n_vocab);
 
 #endif

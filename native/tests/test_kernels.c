@@ -218,7 +218,7 @@ static void test_quantize_act(const cb_kernels *k) {
 
 /* Compare one type at one SIMD level on one shape. */
 /* The first index of the largest non-NaN entry, -1 when every entry is
- * -inf or NaN (what cb_sample_argmax takes). */
+ * -inf or NaN (the greedy token cb_sample takes). */
 static int64_t ref_first_max(const float *x, int64_t n, float *max) {
     float m = -INFINITY;
     int64_t at = -1;
