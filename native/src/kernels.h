@@ -229,7 +229,8 @@ void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const 
  * -inf or NaN) and max[r].  Each thread scans the outputs it has just
  * written, while they are in its cache, instead of a second pass over
  * n_rows x n_out floats (the LM head: a greedy token per row).
- * part_max, part_idx: cb_pool_size(pool) * n_rows scratch entries each. */
+ * part_max, part_idx: n_rows scratch entries per pool thread (one thread
+ * without a pool). */
 void cb_matmul_argmax(cb_pool *pool, const cb_kernels *k, const cb_weight *w, const float *x, int n_rows,
                       float *y, void *scratch, float *part_max, int64_t *part_idx, float *max, int64_t *idx);
 
