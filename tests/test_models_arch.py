@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from reference import LlamaRef
+from test_batching import run_requests
 from test_reference import TIE_FLOAT, TIE_QUANT, TOL_FLOAT, TOL_QUANT, argmax_mismatches, prompt, rel_err
 from tinymodels import ARCHES, write_tiny_model
 
@@ -217,20 +218,6 @@ def test_missing_arch_tensor_is_a_clear_error(tmp_path, drop):
         _engine.Model(str(tmp_path / "bad.gguf"))
 
 
-def _step_all(core, prompts, max_tokens):
-    """Submit every prompt (own slot), step to the end: per request the greedy
-    tokens and their logits rows."""
-    ids = [core.submit(p, max_tokens=max_tokens, ignore_eos=True, return_logits=True) for p in prompts]
-    out = {i: ([], []) for i in ids}
-    while core.pending:
-        for ev in core.step():
-            assert ev["type"] != "error", ev
-            if ev["type"] == "token":
-                out[ev["id"]][0].append(ev["token"])
-                out[ev["id"]][1].append(np.array(ev["logits"], copy=True))
-    return [out[i] for i in ids]
-
-
 @pytest.mark.parametrize("arch,extra", [(a, {}) for a in ARCHES] +
                          [("qwen3", dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=32))])
 def test_decode_batch_of_six_matches_alone(make_arch, simd, arch, extra):
@@ -242,10 +229,12 @@ def test_decode_batch_of_six_matches_alone(make_arch, simd, arch, extra):
     w = make_arch(arch=arch, wtype="Q4_1", seed=5, **extra)
     m = _engine.Model(w.path)
     prompts = [prompt(3 + 2 * i, w.hparams["n_vocab"], seed=i) for i in range(6)]
-    together = _step_all(_engine.Engine(m, n_slots=6, n_ctx=N_CTX, n_threads=2, simd=simd), prompts, 5)
+    kw = dict(max_tokens=5, ignore_eos=True)
+    together = run_requests(_engine.Engine(m, n_slots=6, n_ctx=N_CTX, n_threads=2, simd=simd),
+                            [(p, kw) for p in prompts])
     alone_core = _engine.Engine(m, n_slots=1, n_ctx=N_CTX, n_threads=1, simd=simd)
     for i, p in enumerate(prompts):
-        toks, logits = _step_all(alone_core, [p], 5)[0]
-        assert together[i][0] == toks, (arch, i)
-        for a, b in zip(together[i][1], logits):
+        alone = run_requests(alone_core, [(p, kw)])[0]
+        assert together[i]["error"] is None and together[i]["tokens"] == alone["tokens"], (arch, i)
+        for a, b in zip(together[i]["logits"], alone["logits"]):
             assert np.array_equal(a, b), f"{arch}: stream {i}'s logits differ in a batch of six"
