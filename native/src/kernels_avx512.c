@@ -70,20 +70,32 @@ T512 static INL void quantize_block(const float *x, cb_block_q8 *q) {
     q->s = d * (float)sum;
 }
 
-/* Transposed reductions: 16 vectors in, lane j of the result = the max (or
- * the integer sum) of vector j's lanes; exact in any order. */
-T512 static INL __m512 tmax16(const __m512 *a) {
-    __m512 b[8], c[4];
-    for (int j = 0; j < 8; j++)
-        b[j] = _mm512_max_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
-    for (int j = 0; j < 4; j++) {
-        const __m512d x = _mm512_castps_pd(b[2 * j]), y = _mm512_castps_pd(b[2 * j + 1]);
-        c[j] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    const __m512 e0 = _mm512_max_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-    const __m512 e1 = _mm512_max_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-    return _mm512_max_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+/* Transposed reductions: 16 vectors in, lane j of the result = the sum (or
+ * the max) of vector j's lanes, by a tree of 15 shuffle + op steps instead
+ * of 16 horizontal reductions.  Each lane only ever combines lanes of its
+ * own vector, in a fixed order (attention's scores depend on that; maxima
+ * and integer sums are exact in any order).  Steps: per 128-bit lane
+ * [a0 op a2, b0 op b2, a1 op a3, b1 op b3]; then pairs of those; then
+ * 128-bit lanes pairwise. */
+T512 static INL __m512 tree_op(__m512 a, __m512 b, const int max) { return max ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b); }
+T512 static INL __m512 tree1(__m512 a, __m512 b, const int max) {
+    return tree_op(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b), max);
 }
+T512 static INL __m512 tree2(__m512 x, __m512 y, const int max) {
+    const __m512d a = _mm512_castps_pd(x), b = _mm512_castps_pd(y);
+    return tree_op(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)), max);
+}
+T512 static INL __m512 tree4(__m512 x, __m512 y, const int max) {
+    return tree_op(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD), max);
+}
+T512 static INL __m512 tree16(const __m512 *a, const int max) {
+    const __m512 b0 = tree2(tree1(a[0], a[1], max), tree1(a[2], a[3], max), max);
+    const __m512 b1 = tree2(tree1(a[4], a[5], max), tree1(a[6], a[7], max), max);
+    const __m512 b2 = tree2(tree1(a[8], a[9], max), tree1(a[10], a[11], max), max);
+    const __m512 b3 = tree2(tree1(a[12], a[13], max), tree1(a[14], a[15], max), max);
+    return tree4(tree4(b0, b1, max), tree4(b2, b3, max), max);
+}
+/* The same tree over 32-bit integer sums. */
 T512 static INL __m512i tsum16(const __m512i *a) {
     __m512i b[8], c[4];
     for (int j = 0; j < 8; j++)
@@ -107,7 +119,7 @@ T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
         __m512 a[16];
         for (int j = 0; j < 16; j++)
             a[j] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j)), _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j + 16)));
-        const __m512 d = _mm512_div_ps(tmax16(a), _mm512_set1_ps(127.0f));
+        const __m512 d = _mm512_div_ps(tree16(a, 1), _mm512_set1_ps(127.0f));
         const __mmask16 nz = _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ);
         const __m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d);
         __m512i sums[16];
@@ -407,21 +419,6 @@ T512 static INL __m512 kv_load(const void *base, size_t stride, int kv_f16, int 
     return _mm512_maskz_loadu_ps(m, (const float *)base + (size_t)p * stride + i);
 }
 
-/* Two vectors of partial sums into one (a transpose-add step): per 128-bit
- * lane, [a0+a2, b0+b2, a1+a3, b1+b3]. */
-T512 static INL __m512 tadd1(__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-}
-/* Per 128-bit lane: the four sums of the two tadd1 results' accumulators. */
-T512 static INL __m512 tadd2(__m512 x, __m512 y) {
-    const __m512d a = _mm512_castps_pd(x), b = _mm512_castps_pd(y);
-    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-}
-/* 128-bit lanes pairwise: [x.L0 + x.L1, x.L2 + x.L3, y.L0 + y.L1, y.L2 + y.L3]. */
-T512 static INL __m512 tadd4(__m512 x, __m512 y) {
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
-}
-
 /* Scores of one head for 16 positions: Kb holds the 16 K rows as f32, ks
  * apart, zero past hd (q is masked to hd, so padding multiplies zeros).
  * 16 independent fma chains over hd, then lane p of the result = the sum of
@@ -442,9 +439,8 @@ T512 static INL __m512 attn_scores16(const float *q, const int hd, const int ks,
 #undef STEP
 #undef DECL
 #undef A16
-    const __m512 b0 = tadd2(tadd1(a0, a1), tadd1(a2, a3)), b1 = tadd2(tadd1(a4, a5), tadd1(a6, a7));
-    const __m512 b2 = tadd2(tadd1(a8, a9), tadd1(a10, a11)), b3 = tadd2(tadd1(a12, a13), tadd1(a14, a15));
-    return tadd4(tadd4(b0, b1), tadd4(b2, b3));
+    const __m512 a[16] = { a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 };
+    return tree16(a, 0);
 }
 
 /* out[j][i0 .. i0+63] = sum_p w[j][p] * V[p][i0 ..] for NJ heads: 4 * NJ
