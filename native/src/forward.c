@@ -172,13 +172,6 @@ static void rows_range(int n, int ith, int nth, int *r0, int *r1) {
 
 static void add_rows(float *x, const float *d, size_t n);
 
-/* Quantize rows [r0, r1) of width dim into t->q_out (if set). */
-static void quantize_out(const row_task *t, const float *rows, int dim, int r0, int r1) {
-    if (!t->q_out) return;
-    const size_t nb = (size_t)dim / CB_QK;
-    for (int r = r0; r < r1; r++) t->c->k->quantize_q8(rows + (size_t)r * dim, t->q_out + (size_t)r * nb, dim);
-}
-
 static void task_rmsnorm(void *arg, int ith, int nth) {
     row_task *t = arg;
     int r0, r1;
@@ -189,7 +182,7 @@ static void task_rmsnorm(void *arg, int ith, int nth) {
         if (t->add) add_rows(in, t->add + (size_t)r * t->dim, (size_t)t->dim);
         t->c->k->rmsnorm(in, t->norm_w, t->out + (size_t)r * t->dim, t->dim, eps);
     }
-    quantize_out(t, t->out, t->dim, r0, r1);
+    if (t->q_out) cb_quantize_rows(t->c->k, t->out, t->q_out, t->dim, r0, r1);
 }
 
 /* Run a row task on the pool when there is enough work, else inline. */
@@ -295,7 +288,7 @@ static void task_attention(void *arg, int ith, int nth) {
         c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)hd, c->kv_f16, n_pos, scale,
                    scores, c->xb + r * qdim + (size_t)h * hd);
     }
-    quantize_out(t, c->xb, (int)qdim, q_rows[0], q_rows[1]);
+    if (t->q_out) cb_quantize_rows(c->k, c->xb, t->q_out, (int64_t)qdim, q_rows[0], q_rows[1]);
 }
 
 /* hb = silu(hb) * hb2 over rows of width t->dim (packed). */
@@ -309,7 +302,7 @@ static void task_swiglu(void *arg, int ith, int nth) {
         float *g = c->hb + (size_t)r * n_ff, *u = c->hb2 + (size_t)r * n_ff;
         c->k->swiglu(g, u, n_ff);
     }
-    quantize_out(t, c->hb, n_ff, r0, r1);
+    if (t->q_out) cb_quantize_rows(c->k, c->hb, t->q_out, n_ff, r0, r1);
 }
 
 /* ---------------------------------------------------------------- forward */

@@ -225,8 +225,7 @@ static inline void mm_rows(const cb_kernels *k, const cb_weight *w, const cb_blo
     else k->matmul_rows(w, xq, xf, n_rows, y, ldy, o0, o1);
 }
 
-static void quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q,
-                          int64_t n_in, int r0, int r1) {
+void cb_quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q, int64_t n_in, int r0, int r1) {
     const int64_t nb = n_in / CB_QK;
     for (int r = r0; r < r1; r++) k->quantize_q8(x + (int64_t)r * n_in, q + (int64_t)r * nb, n_in);
 }
@@ -236,7 +235,7 @@ static void mm_quantize_task(void *arg, int ith, int nth) {
     const int per = (c->n_rows + nth - 1) / nth;
     const int r0 = ith * per;
     const int r1 = r0 + per < c->n_rows ? r0 + per : c->n_rows;
-    if (r0 < r1) quantize_rows(c->k, c->x, c->qbuf, c->n_in, r0, r1);
+    if (r0 < r1) cb_quantize_rows(c->k, c->x, c->qbuf, c->n_in, r0, r1);
 }
 
 static void mm_compute_task(void *arg, int ith, int nth) {
@@ -244,7 +243,7 @@ static void mm_compute_task(void *arg, int ith, int nth) {
     const cb_block_q8 *xq = c->xq;
     _Alignas(64) cb_block_q8 local[CB_LOCAL_Q8_BYTES / sizeof(cb_block_q8)];
     if (c->local_q) {
-        quantize_rows(c->k, c->x, local, c->n_in, 0, c->n_rows);
+        cb_quantize_rows(c->k, c->x, local, c->n_in, 0, c->n_rows);
         xq = local;
     }
     const int64_t total = c->first[c->n_w];
@@ -321,7 +320,7 @@ static void matmul_run(cb_pool *pool, const cb_kernels *k, const cb_weight *cons
     atomic_init(&c.next, 0);
 
     if (nth == 1) {  /* one item per weight, on this thread */
-        if (quantize) quantize_rows(k, x, scratch, c.n_in, 0, n_rows);
+        if (quantize) cb_quantize_rows(k, x, scratch, c.n_in, 0, n_rows);
         mm_compute_task(&c, 0, 1);
         return;
     }

@@ -234,6 +234,10 @@ void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const 
 void cb_matmul_argmax(cb_pool *pool, const cb_kernels *k, const cb_weight *w, const float *x, int n_rows,
                       float *y, void *scratch, float *part_max, int64_t *part_idx, float *max, int64_t *idx);
 
+/* Rows [r0, r1) of x ([rows][n_in], n_in a multiple of 32) quantized into
+ * q ([rows][n_in / 32] blocks) by k->quantize_q8: the xq of cb_matmul_multi. */
+void cb_quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q, int64_t n_in, int r0, int r1);
+
 /* 1: matmuls with weights of this type read the activations quantized to
  * cb_block_q8 blocks (the xq of cb_matmul_multi); 0: they read floats. */
 int cb_type_wants_q8(int type);
