@@ -91,7 +91,6 @@ struct cb_engine {
     /* batch under construction, [n_batch] each */
     int32_t *b_tokens, *b_pos, *b_slot, *b_logit;
     int     *logit_req;            /* [n_logits] request index per logits row */
-    int32_t *pre_tok;              /* [n_logits] greedy token the LM head found for a row (< 0: sample it) */
     /* pending events (FIFO) */
     cb_event *events;              /* [ev_cap] */
     int       ev_head, ev_count, ev_cap;
@@ -235,11 +234,10 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     e->b_slot = calloc((size_t)p.n_batch, sizeof(int32_t));
     e->b_logit = calloc((size_t)p.n_batch, sizeof(int32_t));
     e->logit_req = calloc((size_t)n_logits, sizeof(int));
-    e->pre_tok = calloc((size_t)n_logits, sizeof(int32_t));
     e->ev_cap = 2 * CB_MAX_REQUESTS + 16;
     e->events = calloc((size_t)e->ev_cap, sizeof(cb_event));
     if (!e->slots || !e->reqs || !e->order || !e->b_tokens || !e->b_pos || !e->b_slot || !e->b_logit ||
-        !e->logit_req || !e->pre_tok || !e->events) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+        !e->logit_req || !e->events) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
     for (int s = 0; s < p.n_slots; s++) {
         e->slots[s].req = -1;
         e->slots[s].tokens = calloc((size_t)p.n_ctx, sizeof(int32_t));
@@ -307,7 +305,7 @@ void cb_engine_free(cb_engine *e) {
     cb_ctx_free(&e->ctx);
     cb_pool_free(e->pool);
     free(e->slots); free(e->reqs); free(e->order); free(e->b_tokens); free(e->b_pos);
-    free(e->b_slot); free(e->b_logit); free(e->logit_req); free(e->pre_tok); free(e->events);
+    free(e->b_slot); free(e->b_logit); free(e->logit_req); free(e->events);
     free(e);
 }
 
@@ -601,7 +599,6 @@ static int drain(cb_engine *e, cb_event *out, int max_events) {
     return n;
 }
 
-/* Sample the logits row `lr` for request idx and emit token / done events. */
 /* Sample logits row `lr` for request idx with history = the slot's first
  * n_past tokens, and emit token / done events.  Returns the token, or -1 when
  * the request ended (finished or failed; its entry is then released). */
@@ -627,9 +624,14 @@ static int sample_row(cb_engine *e, int idx, int lr) {
         }
         mask = e->mask;
     }
+    /* Plain greedy rows (no grammar, bias, penalties or logprobs) take the
+     * token the LM head found as it wrote the row (cb_matmul_argmax): what
+     * cb_sample would give, except where it must decide itself (a +inf
+     * maximum, or no valid token). */
+    const cb_ctx *c = &e->ctx;
     int rc;
-    if (e->pre_tok[lr] >= 0) {  /* an argmax taken ahead (argmax_ahead) */
-        res.token = e->pre_tok[lr];
+    if (!mask && cb_sample_is_argmax(&r->sp) && c->head_idx[lr] >= 0 && c->head_max[lr] != INFINITY) {
+        res.token = (int32_t)c->head_idx[lr];
         res.logprob = NAN;
         res.n_top = 0;
         rc = CB_OK;
@@ -670,20 +672,6 @@ static int sample_row(cb_engine *e, int idx, int lr) {
     r->pending = res.token;
     r->state = RQ_DECODE;
     return res.token;
-}
-
-/* Rows whose sampling is an argmax of the raw logits (plain greedy, no
- * grammar) take the token the LM head found as it wrote them
- * (cb_matmul_argmax: each thread scans its own outputs while they are in its
- * cache); sample_row then only emits.  The token is what cb_sample would
- * give; -1 where cb_sample must decide (a +inf maximum, or no valid token). */
-static void argmax_ahead(cb_engine *e, int n_logit) {
-    const cb_ctx *c = &e->ctx;
-    for (int lr = 0; lr < n_logit; lr++) {
-        const cb_request *r = &e->reqs[e->logit_req[lr]];
-        const int greedy = !r->matcher && cb_sample_is_argmax(&r->sp);
-        e->pre_tok[lr] = greedy && c->head_idx[lr] >= 0 && c->head_max[lr] != INFINITY ? (int32_t)c->head_idx[lr] : -1;
-    }
 }
 
 /* ------------------------------------------------------------- drafting */
@@ -935,7 +923,6 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             if (r->n_prompt_done >= r->n_prompt) r->t_prefill_done = ts;
         }
     }
-    argmax_ahead(e, n_logit);
     /* 5. sample, in logits-row order.  A decode row followed by drafts is
      *    verified: sample row j with the KV of the pending token and drafts
      *    before it; keep going while what was sampled equals the next draft. */
