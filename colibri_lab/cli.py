@@ -7,6 +7,7 @@
     colibri-lab info [--model PATH]
     colibri-lab run experiments/tour.toml [--small]
     colibri-lab serve --model smollm2 --port 8080
+    colibri-lab bench serve --base-url http://127.0.0.1:8080 --model smollm2 --rate 0.5,1,2,4 --workload open_chat
 """
 from __future__ import annotations
 
@@ -166,6 +167,83 @@ def cmd_run(a) -> int:
     return 0
 
 
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rate takes comma-separated numbers (inf = all at once), got {text!r}")
+    if not rates or any(not r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"--rate needs positive rates, got {text!r}")
+    return rates
+
+
+def serve_bench_spec(a):
+    """The ExperimentSpec `colibri-lab bench serve` runs: one variant per rate
+    (or one closed-loop variant at --concurrency) against --base-url."""
+    from colibri_lab.experiments.spec import ExperimentSpec, Variant
+
+    wl = a.workload
+    request = {"max_tokens": a.max_tokens, "temperature": a.temperature}
+    if a.concurrency:
+        variants = [Variant(f"concurrency={a.concurrency}", arrival={"concurrency": a.concurrency})]
+    else:
+        variants = [Variant(f"rate={r:g}", arrival={"rate": r, "burstiness": a.burstiness, "seed": a.seed,
+                                                    "concurrency": a.max_concurrency}) for r in a.rate]
+    serve = {"kind": "url", "base_url": a.base_url, "model_id": a.model, "metrics": not a.no_metrics}
+    if a.goodput:
+        serve["slo"] = a.goodput
+    if a.api_key:
+        serve["api_key"] = a.api_key
+    return ExperimentSpec(name=a.name, variants=variants, workload=wl, workload_n=a.n, repeats=a.repeats,
+                          warmup=a.warmup, seed=a.seed, request=request, serve=serve,
+                          description=f"bench serve {a.base_url} {a.model}")
+
+
+_BENCH_ROWS = [("completed", "Successful requests", "d"), ("failed", "Failed requests", "d"),
+               ("duration", "Benchmark duration (s)", ".2f"), ("total_input_tokens", "Total input tokens", "d"),
+               ("total_output_tokens", "Total generated tokens", "d"),
+               ("request_throughput", "Request throughput (req/s)", ".2f"),
+               ("request_goodput", "Request goodput (req/s)", ".2f"),
+               ("output_throughput", "Output token throughput (tok/s)", ".2f"),
+               ("total_token_throughput", "Total token throughput (tok/s)", ".2f"),
+               ("sustained", "Completion rate / arrival rate", ".2f"),
+               ("prefix_cache_hit_rate", "Prefix cache hit rate (/metrics)", ".3f"),
+               ("spec_acceptance_rate", "Spec. acceptance rate (/metrics)", ".3f")]
+
+
+def _print_bench(table) -> None:
+    for v, r in table.iterrows():
+        print(f"{'=' * 16} Serving Benchmark Result: {v} {'=' * 16}")
+        for key, label, fmt in _BENCH_ROWS:
+            if key in r and r[key] == r[key]:
+                print(f"{label + ':':<42}{format(int(r[key]) if fmt == 'd' else float(r[key]), fmt):>12}")
+        for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                            ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+            print(f"{'-' * 15}{title}{'-' * 15}")
+            for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
+                print(f"{f'{label} {name.upper()} (ms):':<42}{float(r[f'{stat}_{name}_ms']):>12.2f}")
+    if len(table):
+        print(f"commit {table['commit'].iloc[0]}  model {table['model'].iloc[0]}")
+
+
+def cmd_bench(a) -> int:
+    from colibri_lab.experiments import run, serve_table
+
+    if a.what != "serve":   # argparse allows only "serve"; kept for a clear message if that changes
+        raise SystemExit(f"unknown bench {a.what!r}")
+    spec = serve_bench_spec(a)
+    res = run(spec, progress=not a.quiet)
+    table = serve_table(res)
+    _print_bench(table)
+    if a.save:
+        from pathlib import Path
+
+        path = res.save(root=Path(a.save))
+        (path / "summary.json").write_text(table.reset_index().to_json(orient="records", indent=1) + "\n")
+        print(f"results: {path}")
+    return 0 if (table["failed"] == 0).all() else 1
+
+
 def cmd_serve(a) -> int:
     from colibri_lab import serve
 
@@ -204,6 +282,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help='run on a Dask cluster: a scheduler address (tcp://host:8786), "local" or "local:N" '
                         "(start a LocalCluster of N worker processes); needs colibri-lab[distributed]")
     r.set_defaults(func=cmd_run)
+
+    b = sub.add_parser("bench", help="benchmarks: `bench serve` load-tests an OpenAI-compatible server")
+    b.add_argument("what", choices=["serve"])
+    b.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8080 (with or without /v1)")
+    b.add_argument("--model", required=True, help="model name to send in requests")
+    b.add_argument("--rate", type=_rates, default=[1.0],
+                   help="request rates (req/s), comma-separated: one block each (default 1; inf = all at once)")
+    b.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
+    b.add_argument("--max-concurrency", type=int, default=0, help="cap on requests in flight (0 = none)")
+    b.add_argument("--concurrency", type=int, default=0,
+                   help="closed loop at this many clients instead of --rate")
+    b.add_argument("--workload", default="open_chat", help="a built-in workload name or a JSON/JSONL file")
+    b.add_argument("--n", type=int, default=None, help="first N conversations of the workload")
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--goodput", default=None, metavar="SLO", help='SLOs in ms, e.g. "ttft:2000 tpot:200 e2el:10000"')
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--warmup", type=int, default=1, help="unrecorded requests first")
+    b.add_argument("--seed", type=int, default=0, help="seed of the schedule and of the requests")
+    b.add_argument("--api-key", default=None)
+    b.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
+    b.add_argument("--name", default="bench_serve", help="experiment name (results folder)")
+    b.add_argument("--save", default=None, metavar="DIR", help="save results under DIR/<name>/<timestamp>/")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_bench)
 
     from colibri_lab import serve
 

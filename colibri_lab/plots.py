@@ -26,6 +26,23 @@ def _axes(ax=None, figsize=(6.4, 4.0)):
     return fig, fig.add_subplot(1, 1, 1)
 
 
+def _stamp(fig: Figure, src) -> Figure:
+    """Put where the data came from (commit, model, SIMD, threads, CPU; see
+    results.provenance_line) under the figure, when the data knows it: a
+    Results, or a frame taken from one (its attrs carry the line)."""
+    line = ""
+    if hasattr(src, "meta"):
+        from colibri_lab.experiments.results import provenance_line
+
+        line = provenance_line(src.meta)
+    elif isinstance(src, pd.DataFrame):
+        line = src.attrs.get("provenance", "")
+    if line and not getattr(fig, "_colibri_stamped", False):
+        fig.text(0.0, 0.0, line, fontsize=6.5, color="0.35", ha="left", va="top", transform=fig.transFigure)
+        fig._colibri_stamped = True
+    return fig
+
+
 def _requests(df) -> pd.DataFrame:
     return df.requests if hasattr(df, "requests") else df
 
@@ -67,7 +84,7 @@ def latency_cdf(df, metric: str = "ttft_ms", by: str | None = "variant", ax=None
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
-    return fig
+    return _stamp(fig, df)
 
 
 def throughput_vs_concurrency(df, x: str = "concurrency", by: str | None = None, ax=None) -> Figure:
@@ -99,7 +116,7 @@ def throughput_vs_concurrency(df, x: str = "concurrency", by: str | None = None,
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return fig
+    return _stamp(fig, df)
 
 
 def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
@@ -142,7 +159,7 @@ def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
     ax.grid(alpha=0.3, axis="y")
     if by and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small", loc="lower right")
-    return fig
+    return _stamp(fig, df)
 
 
 def grammar_mask_per_token(df, by: str | None = "variant", ax=None) -> Figure:
@@ -178,7 +195,7 @@ def prefix_hit_ratio_by_turn(df, by: str | None = "variant", ax=None) -> Figure:
     ax.set_title("Prefix hit ratio by turn")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize="small")
-    return fig
+    return _stamp(fig, df)
 
 
 def step_breakdown(steps, by: str = "variant", phases: Sequence[str] = PHASES, kind: str = "mean",
@@ -206,7 +223,7 @@ def step_breakdown(steps, by: str = "variant", phases: Sequence[str] = PHASES, k
     ax.set_title("Step time by phase")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize="small", ncols=2)
-    return fig
+    return _stamp(fig, st)
 
 
 def ratio_forest(comparisons: pd.DataFrame | Sequence[dict], ax=None) -> Figure:

@@ -10,7 +10,9 @@ as tidy DataFrames with provenance, and paired statistics.
     res = run(spec)
     summary_table(res)
 
-or from a TOML file: run_spec("experiments/tour.toml").
+or from a TOML file: run_spec("experiments/tour.toml").  A spec with a [serve]
+table sends the workload over HTTP to servers instead (serve_bench, loadgen):
+run_spec("experiments/serving.toml"); serve_table(res).
 """
 from colibri_lab.experiments.results import Results, latest_results, load_results  # noqa: F401
 from colibri_lab.experiments.runner import Runner, block_order, run, run_spec, tokens_hash  # noqa: F401
@@ -37,3 +39,11 @@ from colibri_lab.experiments.stats import (  # noqa: F401
 )
 from colibri_lab.experiments.workloads import BUILTIN, Arrival, Item, Workload, load_workload  # noqa: F401
 from colibri_lab.experiments.distributed import DaskBackend, TaskFailedError, use_backend  # noqa: F401
+from colibri_lab.experiments.loadgen import Target, metrics_delta, parse_slo, run_block, trace_metrics  # noqa: F401
+from colibri_lab.experiments.serve_bench import (  # noqa: F401
+    ServeRunner,
+    max_rate_meeting,
+    percentile_ratio,
+    run_serving,
+    serve_table,
+)

@@ -372,7 +372,7 @@ def run_distributed(runner, backend):
 def _run(runner, be: DaskBackend):
     from distributed import as_completed
 
-    from colibri_lab.experiments.results import Results, collect_metadata
+    from colibri_lab.experiments.results import Results, collect_metadata, load_average
     from colibri_lab.experiments.runner import _default_engine_factory
 
     spec, wl = runner.spec, runner.workload
@@ -397,6 +397,7 @@ def _run(runner, be: DaskBackend):
     total = len(runner.variants) * spec.repeats * wl.n_requests
     bar = runner._make_bar(total)
     started = time.time()
+    load_before = load_average()     # of the client's machine; each worker's is in meta["workers"]
     client = be.client
     futures = {t["key"]: client.submit(run_task, t, key=t["key"], pure=False, retries=be.retries) for t in tasks}
     done: dict[str, dict] = {}
@@ -456,7 +457,7 @@ def _run(runner, be: DaskBackend):
                               f"{o['worker']['address']}); see meta['workers']", RuntimeWarning, stacklevel=3)
         w = workers.setdefault(o["worker"]["address"], dict(o["worker"], models={}))
         w["models"].update({vname: em.get("model_sha256", "") for vname, em in o["engines"].items()})
-    meta = collect_metadata(spec, runner.variants, engines_meta)
+    meta = collect_metadata(spec, runner.variants, engines_meta, load_before=load_before)
     meta.update(blocks=blocks, interrupted=interrupted, started=started, finished=time.time(),
                 workload_items=len(wl), workload_requests=wl.n_requests,
                 backend={"kind": "dask", "scheduler": getattr(client.scheduler, "address", str(client.scheduler)),

@@ -5,6 +5,7 @@ Layout of a saved run (experiments/results/<name>/<timestamp>/):
     requests.csv   one row per request
     steps.csv      one row per engine step (slices of scheduler.step_log);
                    steps.csv.gz instead with save(steps="gz"), none with steps="none"
+    gaps.csv.gz    serving runs only: one row per gap between output tokens
     meta.json      metadata + the column dtypes, so that load_results()
                    restores exactly the frames that were saved
 """
@@ -38,6 +39,8 @@ TAIL_COLUMNS = ["prompt_hash", "output_hash", "output_tokens", "output_text", "e
 #   draft_n_src_<s>, draft_accepted_src_<s>   proposals / acceptances by draft source s
 POS_PREFIXES = ("draft_n_pos_", "draft_accepted_pos_")
 SRC_PREFIXES = ("draft_n_src_", "draft_accepted_src_")
+# Serving runs (loadgen): one row per gap between two output chunks of a request.
+GAP_COLUMNS = ["experiment", "variant", "repeat", "block", "prompt_id", "turn", "seed", "gap", "t_s", "itl_ms"]
 STEP_COLUMNS = ["experiment", "variant", "repeat", "block", "step", "rows_decode", "rows_prefill", "n_running",
                 "step_ms", "matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms",
                 "other_ms", "t_rel_s"]
@@ -92,16 +95,27 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
 @dataclass
 class Results:
     """What a run produced.  `requests`: one row per request; `steps`: one row
-    per engine step; `meta`: provenance (git, CPU, SIMD, model sha256, settings,
-    versions, blocks).  `path`: where it was saved or loaded from."""
+    per engine step; `meta`: provenance (git commit and dirty flag, CPU, SIMD,
+    threads, model sha256, engine / server settings, package versions, load
+    average before and after, blocks).  `path`: where it was saved or loaded
+    from.  `gaps` (serving runs): one row per inter-token gap."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
     meta: dict = field(default_factory=dict)
     path: Path | None = None
+    gaps: pd.DataFrame | None = None     # serving runs: one row per inter-token gap (loadgen)
+
+    def __post_init__(self):
+        # the frames carry where they came from, so a plot of res.requests can say it (plots._stamp)
+        line = provenance_line(self.meta)
+        for df in (self.requests, self.steps, self.gaps):
+            if df is not None and line:
+                df.attrs["provenance"] = line
 
     @classmethod
-    def from_rows(cls, rows: list[dict], steps: list[dict], meta: dict) -> "Results":
+    def from_rows(cls, rows: list[dict], steps: list[dict], meta: dict,
+                  gaps: list[dict] | None = None) -> "Results":
         req = pd.DataFrame(rows)
         if len(req):
             counts = _count_columns(req.columns)
@@ -112,7 +126,8 @@ class Results:
             req = pd.DataFrame(columns=ID_COLUMNS + METRIC_COLUMNS + TAIL_COLUMNS)
         st = pd.DataFrame(steps)
         st = _order(st, STEP_COLUMNS) if len(st) else pd.DataFrame(columns=STEP_COLUMNS)
-        return cls(_tidy(req), _tidy(st), meta)
+        gp = None if gaps is None else _tidy(pd.DataFrame(gaps, columns=None if gaps else GAP_COLUMNS))
+        return cls(_tidy(req), _tidy(st), meta, gaps=gp)
 
     @property
     def name(self) -> str:
@@ -164,6 +179,15 @@ class Results:
         meta = dict(self.meta)
         meta["dtypes"] = {"requests": {c: str(t) for c, t in self.requests.dtypes.items()},
                           "steps": {c: str(t) for c, t in self.steps.dtypes.items()}}
+        (path / "gaps.csv.gz").unlink(missing_ok=True)
+        if self.gaps is not None:
+            # one row per output token: rounded like the steps (0.1 µs), gzipped
+            gp = self.gaps.copy()
+            for c in gp.columns:
+                if gp[c].dtype.kind == "f":
+                    gp[c] = gp[c].round(4)
+            gp.to_csv(path / "gaps.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+            meta["dtypes"]["gaps"] = {c: str(t) for c, t in self.gaps.dtypes.items()}
         self.requests.to_csv(path / "requests.csv", index=False)
         for stale in ("steps.csv", "steps.csv.gz"):  # re-saving into the same folder: one steps file only
             (path / stale).unlink(missing_ok=True)
@@ -224,7 +248,8 @@ def load_results(path: str | os.PathLike) -> Results:
         st = _read_frame(p / "steps.csv.gz", sd)
     else:  # saved with steps="none"
         st = pd.DataFrame(columns=STEP_COLUMNS)
-    return Results(req, st, meta, path=p)
+    gp = _read_frame(p / "gaps.csv.gz", dtypes["gaps"]) if (p / "gaps.csv.gz").is_file() else None
+    return Results(req, st, meta, path=p, gaps=gp)
 
 
 def latest_results(name: str, root: str | os.PathLike = Path("experiments") / "results") -> Results:
@@ -293,9 +318,83 @@ def engine_metadata(eng) -> dict:
     return d
 
 
-def collect_metadata(spec, variants, engines: dict) -> dict:
-    """Provenance of a run: experiment spec, resolved variants, engines, git,
-    machine, SIMD path, versions and date."""
+def load_average() -> dict:
+    """The machine's load now: os.getloadavg() and the `uptime` line."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        one = five = fifteen = float("nan")
+    try:
+        up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except Exception:
+        up = ""
+    return {"loadavg": [one, five, fifteen], "uptime": up,
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+# Packages whose versions a result records (those installed; llama-cpp-python for the anchor).
+VERSION_PACKAGES = ("numpy", "pandas", "matplotlib", "tokenizers", "jinja2", "ipywidgets", "dask", "distributed",
+                    "llama_cpp_python", "Cython")
+
+
+def package_versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0], "colibri_lab": _pkg_version()}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_state() -> dict:
+    """The commit of the package's source tree and whether tracked files differ from it."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": _git("rev-parse", "HEAD"), "dirty": bool(status)}
+
+
+def provenance(meta: dict) -> dict:
+    """The few facts that say where a result came from, from its metadata:
+    commit (short) and dirty flag, model file(s) and sha256 prefix, CPU,
+    SIMD path(s), threads, date."""
+    meta = meta or {}
+    git = meta.get("git") or {}
+    engines = meta.get("engines") or {}
+    models = sorted({Path(e["model_path"]).name for e in engines.values() if e.get("model_path")})
+    shas = sorted({e["model_sha256"][:12] for e in engines.values() if e.get("model_sha256")})
+    simd = sorted({str((e.get("params") or {}).get("simd")) for e in engines.values() if (e.get("params") or {}).get("simd")})
+    threads = sorted({int((e.get("params") or {}).get("n_threads")) for e in engines.values()
+                      if isinstance((e.get("params") or {}).get("n_threads"), (int, float))})
+    return {"commit": (git.get("commit") or "")[:10], "dirty": bool(git.get("dirty")), "models": models,
+            "model_sha256": shas, "cpu": (meta.get("machine") or {}).get("cpu", ""), "simd": simd,
+            "n_threads": threads, "date": meta.get("date", "")}
+
+
+def provenance_line(meta: dict) -> str:
+    """One line for figure footers and table captions: "commit 1a2b3c4d5e (dirty) | model X.gguf | ..."."""
+    if not meta or not (meta.get("git") or meta.get("engines")):
+        return ""
+    p = provenance(meta)
+    parts = [f"commit {p['commit'] or '?'}{' (dirty)' if p['dirty'] else ''}"]
+    if p["models"]:
+        parts.append("model " + ", ".join(p["models"]))
+    if p["simd"] or p["n_threads"]:
+        parts.append(" ".join(filter(None, ["/".join(p["simd"]),
+                                            "/".join(map(str, p["n_threads"])) + " threads" if p["n_threads"] else ""])))
+    if p["cpu"]:
+        parts.append(p["cpu"])
+    if p["date"]:
+        parts.append(p["date"][:10])
+    return " | ".join(parts)
+
+
+def collect_metadata(spec, variants, engines: dict, load_before: dict | None = None) -> dict:
+    """Provenance of a run: experiment spec, resolved variants, engines (params,
+    model file and sha256), git commit and dirty flag, machine, SIMD path,
+    package versions, date and the load average before (`load_before`, taken
+    by the caller when the run started) and after (now)."""
     simd = {}
     try:
         from colibri_lab import _engine
@@ -303,16 +402,15 @@ def collect_metadata(spec, variants, engines: dict) -> dict:
         simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available())}
     except Exception as exc:  # the extension may be missing when only analysing
         simd = {"error": str(exc)}
-    status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "experiment": spec.as_dict(),
         "variants": [v.as_dict() for v in variants],
         "engines": engines,
-        "git": {"commit": _git("rev-parse", "HEAD"), "dirty": bool(status)},
+        "git": git_state(),
         "machine": {"cpu": cpu_model(), "n_cpus": os.cpu_count(), "platform": platform.platform(),
                     "simd": simd},
-        "versions": {"python": sys.version.split()[0], "numpy": np.__version__, "pandas": pd.__version__,
-                     "colibri_lab": _pkg_version()},
+        "versions": package_versions(),
+        "load": {"before": load_before, "after": load_average()},
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

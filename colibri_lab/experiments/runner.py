@@ -39,7 +39,8 @@ from typing import Any, Callable
 import numpy as np
 
 from colibri_lab.errors import ContextLengthExceededError, InvalidRequestError
-from colibri_lab.experiments.results import Results, collect_metadata, cpu_model, engine_metadata, list_metric_columns
+from colibri_lab.experiments.results import (Results, collect_metadata, cpu_model, engine_metadata, list_metric_columns,
+                                             load_average)
 from colibri_lab.experiments.spec import ExperimentSpec, Variant, load_spec
 from colibri_lab.experiments.workloads import Item, Workload, load_workload
 
@@ -180,6 +181,7 @@ class Runner:
         bar = self._make_bar(total)
         interrupted = False
         started = time.time()
+        load_before = load_average()
         try:
             for block_i, (rep, vname) in enumerate(order):
                 v = by_name[vname]
@@ -203,7 +205,7 @@ class Runner:
                 bar.close()
             if self._own_engines:
                 self.close()
-        meta = collect_metadata(spec, self.variants, engines_meta)
+        meta = collect_metadata(spec, self.variants, engines_meta, load_before=load_before)
         meta.update(blocks=blocks, interrupted=interrupted, started=started, finished=time.time(),
                     workload_items=len(wl), workload_requests=wl.n_requests, backend={"kind": INPROCESS})
         return Results.from_rows(rows, steps, meta)
@@ -387,7 +389,12 @@ class Runner:
 
 
 def run(spec: ExperimentSpec, **kw) -> Results:
-    """Run a spec (Runner keywords: progress, on_row, engine_factory, engines, keep_engines, backend)."""
+    """Run a spec (Runner keywords: progress, on_row, engine_factory, engines, keep_engines, backend);
+    a spec with a [serve] table goes over HTTP (serve_bench.ServeRunner keywords)."""
+    if spec.is_serving:
+        from colibri_lab.experiments.serve_bench import run_serving
+
+        return run_serving(spec, **kw)
     return Runner(spec, **kw).run()
 
 

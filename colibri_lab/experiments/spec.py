@@ -40,6 +40,30 @@ TOML files (experiments/*.toml):
 
 A `[sweep]` table builds one variant per value instead of (or on top of) the
 list:  [sweep] key = "arrival.concurrency", values = [1, 2, 4, 8].
+
+Serving experiments (colibri_lab.experiments.serve_bench) send the workload
+over HTTP to OpenAI-compatible servers instead of driving an engine in this
+process.  A `[serve]` table makes a spec one; its keys (and a variant's
+`serve = {...}`, which overrides them) say which server each variant talks to:
+
+    [serve]
+    kind = "colibri"        # "colibri": start our server (python -m colibri_lab.serve) on loopback
+                            # "llama.cpp": start llama-cpp-python's server (the anchor) on loopback
+                            # "url": an already running server at base_url
+    base_url = "http://127.0.0.1:8080"     # kind = "url" only
+    model_id = "smollm2"    # the model name sent in requests (default: the engine model's alias / file stem)
+    slo = "ttft:2000 tpot:200"             # goodput SLO (ms; vLLM's --goodput syntax)
+    args = []               # extra command-line flags for the started server
+    python = ""             # interpreter for llama.cpp (default: env COLIBRI_LAB_LLAMA_PYTHON, else this one)
+    metrics = true          # scrape /metrics before and after every block
+    timeout_s = 600         # per request
+    startup_timeout_s = 300
+
+The `[engine]` settings (model, n_threads, n_ctx, n_slots) are the started
+server's: both kinds get the same GGUF file, threads and context.  Arrivals:
+`arrival = { rate = 2.0, burstiness = 1.0, concurrency = 0 }` (open loop,
+concurrency = cap) or `{ concurrency = 4 }` (closed loop); a sweep over
+"arrival.rate", "serve.kind" or "engine.model" is one more [sweep] key.
 """
 from __future__ import annotations
 
@@ -80,14 +104,16 @@ class Variant:
     engine: dict = field(default_factory=dict)
     request: dict = field(default_factory=dict)
     arrival: dict = field(default_factory=dict)
+    serve: dict = field(default_factory=dict)     # serving experiments: the server (see [serve] above)
 
     def resolved(self, engine: dict | None = None, request: dict | None = None,
-                 arrival: dict | None = None) -> "Variant":
+                 arrival: dict | None = None, serve: dict | None = None) -> "Variant":
         """This variant on top of experiment-wide defaults."""
         return Variant(self.name,
                        _merge(_merge(DEFAULT_ENGINE, engine), self.engine),
                        _merge(_merge(DEFAULT_REQUEST, request), self.request),
-                       _merge(arrival or {}, self.arrival))
+                       _merge(arrival or {}, self.arrival),
+                       _merge(serve or {}, self.serve))
 
     def engine_key(self) -> tuple:
         """Hashable key of the engine settings: variants with equal keys share an engine."""
@@ -97,14 +123,20 @@ class Variant:
         return Arrival.from_dict(self.arrival)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "engine": dict(self.engine), "request": dict(self.request),
-                "arrival": dict(self.arrival)}
+        d = {"name": self.name, "engine": dict(self.engine), "request": dict(self.request),
+             "arrival": dict(self.arrival)}
+        if self.serve:
+            d["serve"] = dict(self.serve)
+        return d
+
+
+GROUPS = ("engine", "request", "arrival", "serve")
 
 
 def _set_dotted(d: dict, dotted: str, value) -> None:
     parts = dotted.split(".")
-    if parts[0] not in ("engine", "request", "arrival") or len(parts) != 2:
-        raise ValueError(f"sweep key must be engine.X, request.X or arrival.X, got {dotted!r}")
+    if parts[0] not in GROUPS or len(parts) != 2:
+        raise ValueError(f"sweep key must be engine.X, request.X, arrival.X or serve.X, got {dotted!r}")
     d.setdefault(parts[0], {})[parts[1]] = value
 
 
@@ -118,7 +150,7 @@ def sweep(key: str, values, base: Variant | None = None, name: str | None = None
         d = base.as_dict()
         _set_dotted(d, key, v)
         vname = name.format(value=v) if name else f"{short}={v}"
-        out.append(Variant(vname, d["engine"], d["request"], d["arrival"]))
+        out.append(Variant(vname, d["engine"], d["request"], d["arrival"], d.get("serve", {})))
     return out
 
 
@@ -141,6 +173,8 @@ class ExperimentSpec:
     baseline: str | None = None            # variant the others are compared with (default: the first)
     lossless: bool = False                 # variants must produce identical outputs (A/B changes speed only)
     fresh_cache: bool = True               # clear every KV slot before each block, so blocks start alike
+                                           # (serving: tag each block's prompts so no block hits another's cache)
+    serve: dict | None = None              # [serve]: a serving experiment (HTTP), settings shared by variants
     description: str = ""
     source: str | None = None              # path of the TOML file, if any
 
@@ -159,8 +193,13 @@ class ExperimentSpec:
     def baseline_name(self) -> str:
         return self.baseline or self.variants[0].name
 
+    @property
+    def is_serving(self) -> bool:
+        """A serving experiment: sent over HTTP (serve_bench), not to an engine in this process."""
+        return self.serve is not None or any(v.serve for v in self.variants)
+
     def resolved_variants(self) -> list[Variant]:
-        return [v.resolved(self.engine, self.request, self.arrival) for v in self.variants]
+        return [v.resolved(self.engine, self.request, self.arrival, self.serve) for v in self.variants]
 
     def as_dict(self) -> dict:
         wl = self.workload if isinstance(self.workload, (str, dict)) else getattr(self.workload, "name", str(self.workload))
@@ -168,11 +207,12 @@ class ExperimentSpec:
                 "workload_turns": self.workload_turns, "workload_order": self.workload_order, "repeats": self.repeats, "warmup": self.warmup,
                 "seed": self.seed, "engine": self.engine, "request": self.request, "arrival": self.arrival,
                 "baseline": self.baseline_name, "lossless": self.lossless, "fresh_cache": self.fresh_cache,
-                "variants": [v.as_dict() for v in self.variants], "source": self.source}
+                "variants": [v.as_dict() for v in self.variants], "source": self.source,
+                **({"serve": self.serve} if self.serve is not None else {})}
 
 
 _TOP_KEYS = {"name", "description", "workload", "repeats", "warmup", "seed", "engine", "request", "arrival",
-             "baseline", "lossless", "fresh_cache", "variants", "sweep", "small"}
+             "baseline", "lossless", "fresh_cache", "variants", "sweep", "small", "serve"}
 
 
 def small_mode() -> bool:
@@ -207,11 +247,12 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
         vname = raw.pop("name", None)
         if not vname:
             raise ValueError("every variant needs a name")
-        bad = set(raw) - {"engine", "request", "arrival"}
+        bad = set(raw) - set(GROUPS)
         if bad:
             raise ValueError(f"variant {vname!r}: unknown key(s) {', '.join(sorted(bad))} "
-                             "(settings go in engine / request / arrival tables)")
-        variants.append(Variant(vname, raw.get("engine", {}), raw.get("request", {}), raw.get("arrival", {})))
+                             "(settings go in engine / request / arrival / serve tables)")
+        variants.append(Variant(vname, raw.get("engine", {}), raw.get("request", {}), raw.get("arrival", {}),
+                                raw.get("serve", {})))
     if d.get("sweep"):
         sw = d["sweep"]
         bases = variants or [Variant("base")]
@@ -227,7 +268,23 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
         repeats=int(d.get("repeats", 2)), warmup=int(d.get("warmup", 1)), seed=int(d.get("seed", 0)),
         engine=d.get("engine", {}), request=d.get("request", {}), arrival=d.get("arrival", {}),
         baseline=d.get("baseline"), lossless=bool(d.get("lossless", False)),
-        fresh_cache=bool(d.get("fresh_cache", True)), description=d.get("description", ""), source=source)
+        fresh_cache=bool(d.get("fresh_cache", True)), serve=_serve_table(d.get("serve")),
+        description=d.get("description", ""), source=source)
+
+
+SERVE_KEYS = ("kind", "base_url", "model_id", "slo", "args", "python", "metrics", "timeout_s", "startup_timeout_s",
+              "api_key")
+
+
+def _serve_table(t) -> dict | None:
+    if t is None:
+        return None
+    if not isinstance(t, dict):
+        raise ValueError("[serve] must be a table")
+    bad = set(t) - set(SERVE_KEYS)
+    if bad:
+        raise ValueError(f"unknown [serve] key(s): {', '.join(sorted(bad))} (known: {', '.join(SERVE_KEYS)})")
+    return dict(t)
 
 
 def load_spec(path: str | Path, small: bool | None = None, overrides: dict | None = None) -> ExperimentSpec:

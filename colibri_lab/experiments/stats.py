@@ -198,7 +198,11 @@ def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_
     """One row per variant: requests, medians (and p99 of e2e), aggregate
     throughput, prefix hit ratio, the paired ratio of `primary` against the
     baseline with its interval and verdict, and output equality with the
-    baseline (for lossless experiments, every mismatch is a bug)."""
+    baseline (for lossless experiments, every mismatch is a bug); then the
+    model file each variant ran and the commit of the run ("+dirty" when
+    tracked files had uncommitted changes), from the results' metadata."""
+    from pathlib import Path
+
     df = results.requests if hasattr(results, "requests") else results
     meta = getattr(results, "meta", {}) or {}
     if len(df) == 0:
@@ -232,8 +236,16 @@ def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_
             rec["outputs equal"] = True
         if "errors" not in rec and "error" in df:
             rec["errors"] = int((df.loc[df["variant"] == v, "error"].fillna("") != "").sum())
+        if meta:
+            path = ((meta.get("engines") or {}).get(v) or {}).get("model_path")
+            rec["model"] = Path(path).name if path else ""
+            git = meta.get("git") or {}
+            rec["commit"] = (git.get("commit") or "?")[:10] + ("+dirty" if git.get("dirty") else "")
         rows.append(rec)
-    return pd.DataFrame(rows).set_index("variant")
+    out = pd.DataFrame(rows).set_index("variant")
+    if df.attrs.get("provenance"):
+        out.attrs["provenance"] = df.attrs["provenance"]
+    return out
 
 
 # ------------------------------------------------------------ speculation

@@ -14,7 +14,10 @@ Arrivals decide when each item starts:
   - closed loop: `concurrency` client threads, each starts its next item as
     soon as its previous one finished (vLLM's --max-concurrency);
   - Poisson: items start at exponential inter-arrival times of mean 1/rate
-    seconds, drawn from a seeded generator, whatever is still running.
+    seconds, drawn from a seeded generator, whatever is still running;
+    with a burstiness factor b != 1 the gaps are gamma(shape b, scale
+    1/(rate b)) - same mean, coefficient of variation 1/sqrt(b) - as vLLM's
+    `bench serve --burstiness` draws them (b < 1 burstier, b > 1 more regular).
 """
 from __future__ import annotations
 
@@ -158,14 +161,17 @@ def load_workload(name_or_path: str | Path | dict | Workload, n: int | None = No
 @dataclass(frozen=True)
 class Arrival:
     """When items start.  kind "closed": `concurrency` clients back to back;
-    kind "poisson": start times with exponential gaps of mean 1/rate seconds,
-    drawn from numpy's default_rng(seed); concurrency still caps how many items
+    kind "poisson": start times with gaps of mean 1/rate seconds drawn from
+    numpy's default_rng(seed) - exponential (a Poisson process) when
+    burstiness is 1, gamma(burstiness, 1/(rate*burstiness)) otherwise; rate
+    inf releases every item at once; concurrency still caps how many items
     run at once (0 = no cap)."""
 
     kind: str = "closed"          # "closed" | "poisson"
     concurrency: int = 1          # client threads (closed) or cap on items in flight (poisson; 0 = none)
-    rate: float = 0.0             # items per second (poisson)
-    seed: int = 0                 # seed of the Poisson arrival times
+    rate: float = 0.0             # items per second (poisson); inf = all at once
+    seed: int = 0                 # seed of the arrival times
+    burstiness: float = 1.0       # gamma shape of the gaps (1 = Poisson)
 
     def __post_init__(self):
         if self.kind not in ("closed", "poisson"):
@@ -176,11 +182,13 @@ class Arrival:
             raise ValueError("Poisson arrivals need rate > 0")
         if self.concurrency < 0:
             raise ValueError("concurrency must be >= 0")
+        if not (self.burstiness > 0 and np.isfinite(self.burstiness)):
+            raise ValueError(f"burstiness must be a positive number, got {self.burstiness!r}")
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Arrival":
         d = dict(d or {})
-        unknown = set(d) - {"kind", "concurrency", "rate", "seed"}
+        unknown = set(d) - {"kind", "concurrency", "rate", "seed", "burstiness"}
         if unknown:
             raise ValueError(f"unknown arrival setting(s): {', '.join(sorted(unknown))}")
         if "kind" not in d:
@@ -192,10 +200,14 @@ class Arrival:
     def start_times(self, n: int) -> np.ndarray:
         """Offsets in seconds from the start of a block at which each of n items
         is released (all zeros for a closed loop: clients pace themselves)."""
-        if self.kind == "closed":
+        if self.kind == "closed" or np.isinf(self.rate):
             return np.zeros(n)
         rng = np.random.default_rng(self.seed)
-        return np.cumsum(rng.exponential(1.0 / self.rate, size=n)) - 0.0
+        if self.burstiness == 1.0:
+            gaps = rng.exponential(1.0 / self.rate, size=n)
+        else:
+            gaps = rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), size=n)
+        return np.cumsum(gaps)
 
     def workers(self, n_items: int) -> int:
         """Client threads to run n_items."""
@@ -207,7 +219,9 @@ class Arrival:
         if self.kind == "closed":
             return f"closed c={self.concurrency}"
         cap = f", cap {self.concurrency}" if self.concurrency else ""
-        return f"poisson {self.rate:g}/s{cap}"
+        burst = f", burstiness {self.burstiness:g}" if self.burstiness != 1.0 else ""
+        return f"poisson {self.rate:g}/s{burst}{cap}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "concurrency": self.concurrency, "rate": self.rate, "seed": self.seed}
+        return {"kind": self.kind, "concurrency": self.concurrency, "rate": self.rate, "seed": self.seed,
+                "burstiness": self.burstiness}
