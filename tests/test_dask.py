@@ -290,3 +290,23 @@ request = {{ max_tokens = 2 }}
     assert len(res.requests) == 2 * 8 and res.meta["backend"]["kind"] == "dask"
     assert res.requests["worker"].str.startswith("tcp://").all()
     assert (res.requests.groupby(list(PAIR_KEYS))["worker"].nunique() == 1).all()
+
+
+def test_serving_spec_runs_on_dask(client, make_tiny):
+    """A [serve] spec on Dask: one task per repeat starts our server on the
+    worker's loopback; one row per request, each repeat (so each A/B pair)
+    on one worker, and the server's /metrics deltas match each block."""
+    tiny = make_tiny()
+    spec = _spec(tiny, arrival={}, request={"max_tokens": 4, "temperature": 0.0}, lossless=False,
+                 serve={"kind": "colibri", "model_id": "tiny"},
+                 variants=[Variant("r=20", arrival={"rate": 20.0}), Variant("r=40", arrival={"rate": 40.0})])
+    res = run(spec, backend=client, progress=False)
+    df = res.requests
+    assert len(df) == 2 * 2 * 12 and (df["error"] == "").all(), df["error"].unique()
+    assert res.meta["backend"]["kind"] == "dask" and df["worker"].str.startswith("tcp://").all()
+    assert df.groupby("repeat")["worker"].nunique().eq(1).all()
+    for b in res.meta["blocks"]:
+        rows = df[df["block"] == b["block"]]
+        assert b["metrics_delta"]["request_success"] == len(rows)
+        assert b["metrics_delta"]["generation_tokens"] == rows["completion_tokens"].sum()
+    assert list(df.groupby("block")["variant"].first()) == ["r=20", "r=40", "r=40", "r=20"]   # ABBA

@@ -26,11 +26,11 @@ inter-token gap; Results carries both, with the provenance of every server
 
 On a Dask backend (backend= as in runner.py) one task runs one repeat's
 blocks on a worker, which starts the servers it needs on its own loopback
-and keeps them for its next task.
+(and stops them when the task ends), so a pair (two servers at one rate in
+one repeat) always ran on one machine.
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import math
@@ -308,31 +308,15 @@ def run_serving(spec: ExperimentSpec, **kw) -> Results:
 
 
 # ----------------------------------------------------------------- Dask
-_WORKER_SERVERS: dict = {}          # servers this worker process started, kept between tasks
-_WORKER_LOCK = threading.Lock()
-
-
-def _stop_worker_servers() -> None:
-    for srv in _WORKER_SERVERS.values():
-        try:
-            srv.stop()
-        except Exception:
-            pass
-    _WORKER_SERVERS.clear()
-
-
-atexit.register(_stop_worker_servers)
-
-
 def serve_task(task: dict) -> dict:
     """One repeat's blocks on this worker (servers started on its loopback)."""
     from colibri_lab.experiments.distributed import _worker_address, worker_info
 
-    with _WORKER_LOCK:
-        address = _worker_address()
-        runner = ServeRunner(task["spec"], progress=False, servers=_WORKER_SERVERS)
-        by_name = {v.name: v for v in runner.variants}
-        rows, gaps, blocks, servers_meta = [], [], [], {}
+    address = _worker_address()
+    runner = ServeRunner(task["spec"], progress=False)
+    by_name = {v.name: v for v in runner.variants}
+    rows, gaps, blocks, servers_meta = [], [], [], {}
+    try:   # the task's servers live as long as the task: a worker that dies leaves none behind
         for block_i, vname in task["blocks"]:
             brows, bgaps, binfo, sm = runner.run_block(by_name[vname], task["repeat"], block_i, address)
             rows += brows
@@ -340,8 +324,10 @@ def serve_task(task: dict) -> dict:
             binfo["task"] = task["key"]
             blocks.append(binfo)
             servers_meta.setdefault(vname, sm)
-        return {"key": task["key"], "rows": rows, "gaps": gaps, "blocks": blocks, "servers": servers_meta,
-                "worker": dict(worker_info(address), load=load_average())}
+    finally:
+        runner.close()
+    return {"key": task["key"], "rows": rows, "gaps": gaps, "blocks": blocks, "servers": servers_meta,
+            "worker": dict(worker_info(address), load=load_average())}
 
 
 def run_distributed(runner: ServeRunner, backend) -> Results:

@@ -130,11 +130,25 @@ class ServerProcess:
                                f"{' '.join(self.cmd)}\n{self.log_tail()}")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the thread that started
+    it dies, so a crashed notebook kernel or Dask worker leaves no server behind."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))   # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def _spawn(srv: ServerProcess, env: dict | None = None) -> None:
     fd, srv.log_path = tempfile.mkstemp(prefix=f"colibri-{srv.kind}-server-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
+        # own session: a Ctrl-C meant for the notebook does not reach the server (stop() ends it)
         srv.proc = subprocess.Popen(srv.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
+                                    env=env, start_new_session=True,
+                                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
 
 def _package_env() -> dict:
