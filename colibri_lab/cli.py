@@ -99,11 +99,24 @@ def cmd_chat(a) -> int:
 def cmd_models(a) -> int:
     if a.action == "list":
         rows = models.list_models()
+        head = ("alias", "cached", "size", "arch", "quant (share of weights)", "licence")
+        table = [head] + [
+            (r["alias"], "yes" if r["cached"] else "no", f"{r['size'] / 1e6:.1f} MB", r["arch"],
+             r["quant"], r["license"])
+            for r in rows
+        ]
+        widths = [max(len(str(row[k])) for row in table) for k in range(len(head))]
+        for row in table:
+            print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
         for r in rows:
-            state = "cached" if r.get("cached") else "not cached"
-            print(f"{r['alias']:<12} {state:<11} {r.get('path') or ''}")
+            where = r["path"] if r["cached"] else f"{r['source']} ({r['parts']} wheel(s)) -> {r['path']}"
+            print(f"{r['alias']}: {where}")
+            if r.get("terms"):
+                print(f"  {r['license']} apply: {r['terms']}")
+            if r.get("error"):
+                print(f"  unreadable: {r['error']}")
         return 0
-    path = models.pull(a.name)
+    path = models.pull(a.name, force=a.force)
     print(path)
     return 0
 
@@ -270,8 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list or pull model aliases")
     msub = m.add_subparsers(dest="action", required=True)
     msub.add_parser("list")
-    pl = msub.add_parser("pull")
-    pl.add_argument("name")
+    pl = msub.add_parser("pull", help="download an alias into the model cache (resumes a broken pull)")
+    pl.add_argument("name", choices=sorted(models.REGISTRY))
+    pl.add_argument("--force", action="store_true", help="download again even if the cached file verifies")
     m.set_defaults(func=cmd_models)
 
     r = sub.add_parser("run", help="run an experiment spec (TOML): table, results and plots")

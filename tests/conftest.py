@@ -75,6 +75,19 @@ def simd(request):
 
 
 @pytest.fixture(scope="session")
+def real_model():
+    """Factory: real_model(alias) -> Path of a registered model's GGUF, pulled
+    into the cache on first use (as smollm2 is).  For tests marked
+    ``realmodels``; never skips: a model that cannot be had is an error."""
+    from colibri_lab import models
+
+    def get(alias: str):
+        return models.resolve(alias)
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def smollm2_path():
     """Path of the SmolLM2-135M-Instruct GGUF.  Never skips: a test that asks
     for it errors if the file cannot be found."""
