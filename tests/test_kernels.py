@@ -11,8 +11,8 @@ from colibri_lab import _engine  # noqa: E402
 from colibri_lab.errors import InvalidRequestError  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
-QUANTIZED = {Q.Q8_0, Q.Q4_0, Q.Q4_1}
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+QUANTIZED = {Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}
 SIMD = ["scalar", "avx2", "avx512"]
 
 
@@ -57,7 +57,7 @@ def test_matmul_matches_numpy(simd, qtype, n_out, n_in, n_rows):
 
 
 @pytest.mark.parametrize("simd", SIMD)
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.F16], ids=lambda t: t.name)
 def test_batch_and_threads_bit_identical(simd, qtype):
     """Each row's result is the same bits alone, in a batch, and on 1-3 threads."""
     _need(simd)

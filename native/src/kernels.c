@@ -76,8 +76,8 @@ float cb_bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
 int cb_type_block(int type) {
     switch (type) {
     case CB_TYPE_F32: case CB_TYPE_F16: case CB_TYPE_BF16: return 1;
-    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q8_0: return CB_QK;
-    case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: case CB_TYPE_Q6_K: return CB_QK_K;
+    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q5_0: case CB_TYPE_Q5_1: case CB_TYPE_Q8_0: return CB_QK;
+    case CB_TYPE_Q2_K: case CB_TYPE_Q3_K: case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: case CB_TYPE_Q6_K: return CB_QK_K;
     default: return 0;
     }
 }
@@ -89,6 +89,8 @@ size_t cb_type_block_bytes(int type) {
     case CB_TYPE_BF16: return 2;
     case CB_TYPE_Q4_0: return sizeof(cb_block_q4_0);
     case CB_TYPE_Q4_1: return sizeof(cb_block_q4_1);
+    case CB_TYPE_Q5_0: return sizeof(cb_block_q5_0);
+    case CB_TYPE_Q5_1: return sizeof(cb_block_q5_1);
     case CB_TYPE_Q8_0: return sizeof(cb_block_q8_0);
     default: return cb_kq_block_bytes(type);
     }
@@ -112,13 +114,16 @@ const char *cb_type_name(int type) {
     case CB_TYPE_BF16: return "bf16";
     case CB_TYPE_Q4_0: return "q4_0";
     case CB_TYPE_Q4_1: return "q4_1";
+    case CB_TYPE_Q5_0: return "q5_0";
+    case CB_TYPE_Q5_1: return "q5_1";
     case CB_TYPE_Q8_0: return "q8_0";
     default: return cb_kq_type_name(type) ? cb_kq_type_name(type) : "unknown";
     }
 }
 
 int cb_type_wants_q8(int type) {
-    return type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q8_0 || cb_kq_is_kquant(type);
+    return type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_0 || type == CB_TYPE_Q5_1 ||
+           type == CB_TYPE_Q8_0 || cb_kq_is_kquant(type);
 }
 
 /* -------------------------------------------------------------- SIMD */
@@ -397,6 +402,28 @@ void cb_weight_row_f32(const cb_weight *w, int64_t row, float *out) {
             }
         }
         break;
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_1: {
+        const int one = w->type == CB_TYPE_Q5_1;
+        const size_t bsz = cb_type_block_bytes(w->type);
+        for (int64_t b = 0; b < n / CB_QK; b++) {
+            const uint8_t *blk = p + (size_t)b * bsz;
+            uint16_t dh, mh = 0;
+            uint32_t qh;
+            memcpy(&dh, blk, 2);
+            if (one) memcpy(&mh, blk + 2, 2);
+            memcpy(&qh, blk + 2 + 2 * one, 4);
+            const uint8_t *qs = blk + 6 + 2 * one;
+            const float d = cb_f16_to_f32(dh), m = cb_f16_to_f32(mh);
+            for (int j = 0; j < 16; j++) {
+                const int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4;
+                const int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+                out[b * CB_QK + j]      = one ? d * (float)lo + m : d * (float)(lo - 16);
+                out[b * CB_QK + j + 16] = one ? d * (float)hi + m : d * (float)(hi - 16);
+            }
+        }
+        break;
+    }
     case CB_TYPE_Q8_0:
         for (int64_t b = 0; b < n / CB_QK; b++) {
             const cb_block_q8_0 *blk = (const cb_block_q8_0 *)(p + (size_t)b * sizeof(cb_block_q8_0));
@@ -488,15 +515,45 @@ void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n
 
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out) {
     const size_t pb = cb_pack_block_bytes(type);
-    if (!pb || n_in <= 0 || n_out <= 0 || n_in % CB_QK || n_in / CB_QK > CB_PACK_MAX_BLOCKS) return 0;
+    const int blk = cb_type_block(type);
+    if (!pb || !blk || n_in <= 0 || n_out <= 0 || n_in % blk || n_in / CB_QK > CB_PACK_MAX_BLOCKS) return 0;
     const size_t panels = (size_t)((n_out + CB_PANEL - 1) / CB_PANEL);
-    return panels * (size_t)(n_in / CB_QK) * pb;
+    return panels * (size_t)(n_in / blk) * pb;
+}
+
+/* Output j's block (file layout, blk) into its lanes of one panel block pk. */
+static void pack_legacy_block(int type, const uint8_t *blk, int j, uint8_t *pk) {
+    memcpy(pk + 2 * j, blk, 2);  /* d */
+    switch (type) {
+    case CB_TYPE_Q8_0:
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < 4; i++) pk[32 + 64 * g + 4 * j + i] = (uint8_t)(blk[2 + 4 * g + i] ^ 0x80u);
+        break;
+    case CB_TYPE_Q5_0: {
+        uint32_t qh, regrouped = 0;
+        memcpy(&qh, blk + 2, 4);
+        for (int c = 0; c < 4; c++) {
+            const uint32_t lo = (qh >> (4 * c)) & 0xF, hi = (qh >> (16 + 4 * c)) & 0xF;
+            regrouped |= (lo | hi << 4) << (8 * c);
+        }
+        memcpy(pk + 32 + 4 * j, &regrouped, 4);
+        for (int c = 0; c < 4; c++) memcpy(pk + 96 + 64 * c + 4 * j, blk + 6 + 4 * c, 4);
+        break;
+    }
+    default: {  /* Q4_0, Q4_1 */
+        const size_t qoff = type == CB_TYPE_Q4_1 ? 4 : 2;  /* qs after d (and m) */
+        uint8_t *q = pk + (type == CB_TYPE_Q4_1 ? 64 : 32);
+        if (type == CB_TYPE_Q4_1) memcpy(pk + 32 + 2 * j, blk + 2, 2);  /* m */
+        for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * j, blk + qoff + 4 * c, 4);
+        break;
+    }
+    }
 }
 
 void cb_pack_weight(const cb_weight *w, void *dst) {
     const size_t pb = cb_pack_block_bytes(w->type);
     if (!pb) return;
-    const int64_t nb = w->n_in / CB_QK;
+    const int64_t nb = w->n_in / cb_type_block(w->type);
     const int64_t panels = (w->n_out + CB_PANEL - 1) / CB_PANEL;
     const size_t bsz = cb_type_block_bytes(w->type);
     uint8_t *out = dst;
@@ -508,17 +565,8 @@ void cb_pack_weight(const cb_weight *w, void *dst) {
                 const int64_t o = p * CB_PANEL + j;
                 if (o >= w->n_out) break;
                 const uint8_t *blk = (const uint8_t *)w->data + (size_t)o * w->row_bytes + (size_t)b * bsz;
-                memcpy(pk + 2 * j, blk, 2);                       /* d */
-                if (w->type == CB_TYPE_Q8_0) {
-                    for (int g = 0; g < 8; g++)
-                        for (int i = 0; i < 4; i++)
-                            pk[32 + 64 * g + 4 * j + i] = (uint8_t)(blk[2 + 4 * g + i] ^ 0x80u);
-                } else {
-                    const size_t qoff = w->type == CB_TYPE_Q4_1 ? 4 : 2;  /* qs after d (and m) */
-                    uint8_t *q = pk + (w->type == CB_TYPE_Q4_1 ? 64 : 32);
-                    if (w->type == CB_TYPE_Q4_1) memcpy(pk + 32 + 2 * j, blk + 2, 2);  /* m */
-                    for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * j, blk + qoff + 4 * c, 4);
-                }
+                if (cb_kq_is_kquant(w->type)) cb_kq_pack_block(w->type, blk, j, pk);
+                else pack_legacy_block(w->type, blk, j, pk);
             }
         }
 }

@@ -18,21 +18,24 @@
 /* GGML tensor type ids (as stored in GGUF). */
 enum {
     CB_TYPE_F32 = 0, CB_TYPE_F16 = 1, CB_TYPE_Q4_0 = 2, CB_TYPE_Q4_1 = 3,
-    CB_TYPE_Q8_0 = 8, CB_TYPE_BF16 = 30
+    CB_TYPE_Q5_0 = 6, CB_TYPE_Q5_1 = 7, CB_TYPE_Q8_0 = 8, CB_TYPE_BF16 = 30
 };
 
-#define CB_QK 32  /* elements per block for Q4_0 / Q4_1 / Q8_0 and activations */
+#define CB_QK 32  /* elements per block for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and activations */
 
 /* GGUF block layouts (packed, little-endian, as written by ggml). */
 typedef struct { uint16_t d; uint8_t qs[16]; } cb_block_q4_0;              /* w = d * (q - 8), q in low nibble for i<16, high for i>=16 */
 typedef struct { uint16_t d, m; uint8_t qs[16]; } cb_block_q4_1;           /* w = d * q + m */
 typedef struct { uint16_t d; int8_t qs[32]; } cb_block_q8_0;               /* w = d * q */
+/* Q5_0 / Q5_1: the 4 low bits as Q4_0 / Q4_1, the 5th bit of element j in bit j of qh. */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } cb_block_q5_0;    /* w = d * (q - 16), q in 0..31 */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } cb_block_q5_1; /* w = d * q + m */
 
 /* Activations quantized to int8, one block per 32 inputs (our own layout,
  * never stored in files). */
 typedef struct {
     float  d;        /* scale: x ~= d * qs */
-    float  s;        /* d * sum(qs), used by Q4_0 / Q4_1 offset terms */
+    float  s;        /* d * sum(qs), used by the offset terms of types with a min (Q4_1, Q5_1, K-quants) */
     int8_t qs[CB_QK];
 } cb_block_q8;
 
@@ -87,8 +90,8 @@ typedef struct {
     const void *packed;     /* the same matrix in the panel layout below, or NULL */
 } cb_weight;
 
-/* Panel layout of Q4_0 / Q4_1 / Q8_0 matrices, built once at model load for
- * the AVX-512 kernels (the scalar and AVX2 kernels read `data`).
+/* Panel layout of quantized matrices, built once at model load for the
+ * AVX-512 kernels (the scalar and AVX2 kernels read `data`).
  *
  * Why: in the file layout the 32 weights of one block of one output row are
  * contiguous, so an int8 dot product ends with 32 partial sums of ONE output
@@ -101,18 +104,26 @@ typedef struct {
  * float work per block drops from 8 vectors to 1 and is shared by 16 outputs.
  *
  * Outputs are grouped in panels of CB_PANEL rows (the last one padded), and a
- * panel stores its blocks in order, each as cb_pack_block_bytes(type) bytes:
+ * panel stores its blocks in order (32 weights for the legacy types, a
+ * 256-weight super-block for the K-quants: see kquants.h), each as
+ * cb_pack_block_bytes(type) bytes:
  *   d[16]   f16 scales of the 16 outputs (32 bytes),
  *   m[16]   f16 mins (Q4_1 only, 32 bytes),
- *   qs      Q4_0 / Q4_1: 4 chunks x 16 outputs x 4 bytes, chunk c holding
- *           bytes 4c..4c+3 of each output's qs (low nibbles = elements
- *           4c..4c+3, high nibbles = elements 16+4c..16+4c+3);
+ *   qh[16]  Q5_0 only: each output's 32 fifth bits, regrouped so that byte c
+ *           of the 32-bit word holds the bits of elements 4c..4c+3 (bits
+ *           0..3) and 16+4c..16+4c+3 (bits 4..7): the elements of chunk c
+ *           below (64 bytes),
+ *   qs      Q4_0 / Q4_1 / Q5_0: 4 chunks x 16 outputs x 4 bytes, chunk c
+ *           holding bytes 4c..4c+3 of each output's qs (low nibbles =
+ *           elements 4c..4c+3, high nibbles = elements 16+4c..16+4c+3);
  *           Q8_0: 8 groups x 16 outputs x 4 bytes, group g holding elements
  *           4g..4g+3 as unsigned bytes q + 128.
- * Panel p of a matrix starts at p * (n_in/32) * cb_pack_block_bytes(type). */
+ * Panel p of a matrix starts at p * (n_in / block) * cb_pack_block_bytes(type).
+ * Every byte of the file's blocks is kept, only moved: the packed matrix has
+ * the file's size (plus the padding of the last panel). */
 #define CB_PANEL 16
-/* Rows longer than this many blocks (131072 inputs) keep the file layout
- * only (the AVX-512 kernel sizes a per-call stack buffer by it). */
+/* Rows longer than this many 32-blocks (131072 inputs) keep the file layout
+ * only (the AVX-512 kernels size per-call stack buffers by it). */
 #define CB_PACK_MAX_BLOCKS 4096
 
 /* Bytes per (panel, block) for a type, 0 if the type has no panel layout
@@ -121,7 +132,11 @@ static inline size_t cb_pack_block_bytes(int type) {
     switch (type) {
     case CB_TYPE_Q4_0: return 32 + 256;
     case CB_TYPE_Q4_1: return 64 + 256;
+    case CB_TYPE_Q5_0: return 32 + 64 + 256;
     case CB_TYPE_Q8_0: return 32 + 512;
+    case 12 /* Q4_K */: return 16 * 144;
+    case 13 /* Q5_K */: return 16 * 176;
+    case 14 /* Q6_K */: return 16 * 210;
     default: return 0;
     }
 }

@@ -6,12 +6,12 @@
  * weight block is unpacked once per tile and reused for up to 4 activation
  * rows.  Products use vpmaddubsw (unsigned x signed -> int16 pairs, no
  * saturation possible for these ranges) then vpmaddwd with ones -> 8 int32:
- *   Q4_1: nibbles 0..15 times x;
- *   Q4_0 / Q8_0: signed weights through the sign trick |w| * sign(x, w)
+ *   Q4_1 / Q5_1: quants 0..15 / 0..31 times x;
+ *   Q4_0 / Q5_0 / Q8_0: signed weights through the sign trick |w| * sign(x, w)
  *   (|w| <= 128, |x| <= 127: pair sums stay below 32767).
  * Per (activation row r, output o), in this fixed order for every tiling:
  *   for each block b:  acc[8] = fma(float(isum[8]) * dx_b, dw_b, acc[8])
- *                      (Q4_1) m = fma_ss(mw_b, s_b, m)
+ *                      (Q4_1, Q5_1) m = fma_ss(mw_b, s_b, m)
  *   y = hsum8(acc) + m,   hsum8 = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
  * Float weights: per (r, o) an 8-lane fma accumulator over the row in steps of
  * 8 (tail through a zero-padded copy), hsum8.
@@ -72,6 +72,19 @@ T2 static void quantize_q8_avx2(const float *x, cb_block_q8 *q, int64_t n) {
 
 /* ------------------------------------------------------ quantized matmul */
 
+/* Bit j of the 32-bit little-endian word at p as 0x10 in byte j (the 5th
+ * bit of element j of a Q5_0 / Q5_1 block): broadcast, route byte j/8 to
+ * byte j, keep bit j%8, compare. */
+T2 static INL __m256i bits_to_0x10(const uint8_t *p) {
+    uint32_t h;
+    memcpy(&h, p, 4);
+    const __m256i route = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), route), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
 /* R activation rows x 1 output row wr. */
 T2 static INL void q_tile(const int type, const int R, const uint8_t *wr, size_t bsz, int64_t nb,
                           const cb_block_q8 *xr, float *y, int64_t ldy) {
@@ -84,26 +97,30 @@ T2 static INL void q_tile(const int type, const int R, const uint8_t *wr, size_t
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = wr + (size_t)b * bsz;
         const __m256 D = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
-        __m256i W;  /* Q4_1: unsigned nibbles; else signed weights */
+        const int has_m = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;  /* unsigned weights plus a min */
+        __m256i W;  /* Q4_1 / Q5_1: unsigned quants; else signed weights */
         if (type == CB_TYPE_Q8_0) {
             W = _mm256_loadu_si256((const __m256i *)(blk + 2));
         } else {
-            const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + (type == CB_TYPE_Q4_1 ? 4 : 2)));
+            const size_t qoff = type == CB_TYPE_Q4_0 ? 2 : type == CB_TYPE_Q4_1 ? 4 : type == CB_TYPE_Q5_0 ? 6 : 8;
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + qoff));
             W = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
+            if (type == CB_TYPE_Q5_0 || type == CB_TYPE_Q5_1) W = _mm256_or_si256(W, bits_to_0x10(blk + qoff - 4));
             if (type == CB_TYPE_Q4_0) W = _mm256_sub_epi8(W, _mm256_set1_epi8(8));
+            if (type == CB_TYPE_Q5_0) W = _mm256_sub_epi8(W, _mm256_set1_epi8(16));
         }
-        const __m256i AW = type == CB_TYPE_Q4_1 ? W : _mm256_sign_epi8(W, W);  /* |w| */
+        const __m256i AW = has_m ? W : _mm256_sign_epi8(W, W);  /* |w| */
         __m128 M = _mm_setzero_ps();
-        if (type == CB_TYPE_Q4_1) M = _mm_set_ss(_cvtsh_ss(rd16(blk + 2)));
+        if (has_m) M = _mm_set_ss(_cvtsh_ss(rd16(blk + 2)));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const cb_block_q8 *xb = xr + (int64_t)r * nb + b;
             __m256i X = _mm256_loadu_si256((const __m256i *)xb->qs);
-            if (type != CB_TYPE_Q4_1) X = _mm256_sign_epi8(X, W);
+            if (!has_m) X = _mm256_sign_epi8(X, W);
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(AW, X), ones);
             const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xb->d));
             acc[r] = _mm256_fmadd_ps(t, D, acc[r]);
-            if (type == CB_TYPE_Q4_1) macc[r] = _mm_fmadd_ss(M, _mm_set_ss(xb->s), macc[r]);
+            if (has_m) macc[r] = _mm_fmadd_ss(M, _mm_set_ss(xb->s), macc[r]);
         }
     }
 #pragma GCC unroll 4
@@ -134,6 +151,14 @@ T2 static void matmul_q4_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows
 T2 static void matmul_q4_1(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
                            int64_t ldy, int64_t o0, int64_t o1) {
     matmul_q(CB_TYPE_Q4_1, w, xq, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_q5_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                           int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_q(CB_TYPE_Q5_0, w, xq, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_q5_1(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                           int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_q(CB_TYPE_Q5_1, w, xq, n_rows, y, ldy, o0, o1);
 }
 T2 static void matmul_q8_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
                            int64_t ldy, int64_t o0, int64_t o1) {
@@ -224,6 +249,8 @@ static void matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, const fl
     switch (w->type) {
     case CB_TYPE_Q4_0: matmul_q4_0(w, xq, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_Q4_1: matmul_q4_1(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q5_0: matmul_q5_0(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q5_1: matmul_q5_1(w, xq, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_Q8_0: matmul_q8_0(w, xq, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_F32:  matmul_f32(w, xf, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_F16:  matmul_f16(w, xf, n_rows, y, ldy, o0, o1); break;

@@ -5,7 +5,7 @@
  * selected at run time by cb_kernels_get() only when cb_simd_detect() says
  * the CPU and OS support it.
  *
- * Quantized weights (Q4_0, Q4_1, Q8_0) against int8 activation blocks, read
+ * Quantized weights (Q4_0, Q4_1, Q5_0, Q8_0) against int8 activation blocks, read
  * in the panel layout built at model load (kernels.h): a zmm lane is one
  * output, so 8 vpdpbusd per block leave a finished integer sum per output
  * and the float work (convert, two scales, fma) is one vector per block per
@@ -13,6 +13,8 @@
  * activation bytes, so
  *   Q4_1: nibbles 0..15 directly, plus the min term m * s (s = d_x * sum q_x);
  *   Q4_0: nibbles 0..15, integer sum started at -8 * sum(q_x) (exact);
+ *   Q5_0: nibbles plus the fifth bit (a masked byte add of 16), 0..31,
+ *         integer sum started at -16 * sum(q_x);
  *   Q8_0: stored as q + 128, integer sum started at -128 * sum(q_x).
  * Integer sums are exact in any order; the float steps happen per (row r,
  * output o) in block order (see p_tile), whatever the tile, so a result never
@@ -164,7 +166,7 @@ T512 static INL __m512i dpbusd_bcast(__m512i acc, __m512i w, const i32u *x) {
 /* Panels between a panel's software prefetch and its use (2 vs 4 in
  * interleaved runs, 2 threads: one stream -1..4%, 8 streams -0..2%). */
 #define PF_PANELS 2
-/* Q4_0 / Q8_0 offset corrections precomputed per call (int32 per row-block). */
+/* Q4_0 / Q5_0 / Q8_0 offset corrections precomputed per call (int32 per row-block). */
 #define PC_MAX CB_PACK_MAX_BLOCKS
 
 /* One panel (16 outputs) x R activation rows over all nb blocks; y[r][0..16)
@@ -190,17 +192,29 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 mw = _mm512_setzero_ps();
         if (type == CB_TYPE_Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-        const uint8_t *q = p + (type == CB_TYPE_Q4_1 ? 64 : 32);
+        const uint8_t *q = p + (type == CB_TYPE_Q4_1 ? 64 : type == CB_TYPE_Q5_0 ? 96 : 32);
         __m512i W[8];
         if (type == CB_TYPE_Q8_0) {
 #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) W[g] = _mm512_loadu_si512((const void *)(q + 64 * g));
         } else {
+            /* Q5_0: byte c of each output's regrouped qh word holds the fifth
+             * bits of chunk c (low nibbles' in bits 0..3, high nibbles' in
+             * 4..7): copy it to the output's 4 bytes, test bit i of byte i */
+            const __m512i qh = type == CB_TYPE_Q5_0 ? _mm512_loadu_si512((const void *)(p + 32)) : _mm512_setzero_si512();
+            const __m512i route = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0);
+            const __m512i bit_lo = _mm512_set1_epi32(0x08040201), bit_hi = _mm512_set1_epi32((int)0x80402010u);
+            const __m512i b16 = _mm512_set1_epi8(16);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
                 W[c] = _mm512_and_si512(v, lo4);
                 W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                if (type == CB_TYPE_Q5_0) {
+                    const __m512i hb = _mm512_shuffle_epi8(qh, _mm512_add_epi8(route, _mm512_set1_epi8((char)c)));
+                    W[c] = _mm512_mask_add_epi8(W[c], _mm512_test_epi8_mask(hb, bit_lo), W[c], b16);
+                    W[c + 4] = _mm512_mask_add_epi8(W[c + 4], _mm512_test_epi8_mask(hb, bit_hi), W[c + 4], b16);
+                }
             }
         }
 #pragma GCC unroll 8
@@ -264,7 +278,7 @@ T512 static INL void p_rows(const int type, const cb_weight *w, const cb_block_q
     }
 }
 
-/* Q4_0 / Q8_0: the weights are stored as unsigned q (Q4_0) or q + 128 (Q8_0),
+/* Q4_0 / Q5_0 / Q8_0: the weights are stored as unsigned q (Q4_0, Q5_0) or q + 128 (Q8_0),
  * so each (row, block) starts its integer sum at -8 or -128 times the sum of
  * the activation bytes (exact), precomputed here for groups of rows. */
 T512 static INL void matmul_p(const int type, const cb_weight *w, const cb_block_q8 *xq,
@@ -272,7 +286,7 @@ T512 static INL void matmul_p(const int type, const cb_weight *w, const cb_block
     const int64_t nb = w->n_in / CB_QK;
     if (nb <= 0) return;
     if (type == CB_TYPE_Q4_1) { p_rows(type, w, xq, NULL, n_rows, y, ldy, o0, o1); return; }
-    const int32_t k = type == CB_TYPE_Q8_0 ? -128 : -8;
+    const int32_t k = type == CB_TYPE_Q8_0 ? -128 : type == CB_TYPE_Q5_0 ? -16 : -8;
     _Alignas(64) int32_t xc[PC_MAX];
     int64_t g = PC_MAX / nb;  /* rows per group (>= 1: packed rows have <= PC_MAX blocks) */
     if (g >= PT_ROWS) g -= g % PT_ROWS;
@@ -295,6 +309,10 @@ T512 static void matmul_p4_0(const cb_weight *w, const cb_block_q8 *xq, int n_ro
 T512 static void matmul_p4_1(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
                              int64_t ldy, int64_t o0, int64_t o1) {
     matmul_p(CB_TYPE_Q4_1, w, xq, n_rows, y, ldy, o0, o1);
+}
+T512 static void matmul_p5_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                             int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_p(CB_TYPE_Q5_0, w, xq, n_rows, y, ldy, o0, o1);
 }
 T512 static void matmul_p8_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
                              int64_t ldy, int64_t o0, int64_t o1) {
@@ -370,14 +388,18 @@ T512 static void matmul_bf16(const cb_weight *w, const float *xf, int n_rows, fl
 static void matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const float *xf,
                                int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     switch (w->type) {
-    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q8_0:
+    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q5_0: case CB_TYPE_Q8_0:
         if (!w->packed) {
             cb_kernels_avx2_table()->matmul_rows(w, xq, xf, n_rows, y, ldy, o0, o1);
             break;
         }
         if (w->type == CB_TYPE_Q4_0) matmul_p4_0(w, xq, n_rows, y, ldy, o0, o1);
         else if (w->type == CB_TYPE_Q4_1) matmul_p4_1(w, xq, n_rows, y, ldy, o0, o1);
+        else if (w->type == CB_TYPE_Q5_0) matmul_p5_0(w, xq, n_rows, y, ldy, o0, o1);
         else matmul_p8_0(w, xq, n_rows, y, ldy, o0, o1);
+        break;
+    case CB_TYPE_Q5_1:  /* no panel layout (no real file uses it much): the AVX2 kernel */
+        cb_kernels_avx2_table()->matmul_rows(w, xq, xf, n_rows, y, ldy, o0, o1);
         break;
     case CB_TYPE_F32:  matmul_f32(w, xf, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_F16:  matmul_f16(w, xf, n_rows, y, ldy, o0, o1); break;

@@ -81,6 +81,27 @@ static float dot_q4_1(const uint8_t *w, const cb_block_q8 *x, int64_t nb) {
     return acc;
 }
 
+/* Q5_0 (one = 0) and Q5_1 (one = 1): 5-bit quants, the 5th bit from qh. */
+static float dot_q5(const int one, const uint8_t *w, const cb_block_q8 *x, int64_t nb) {
+    const size_t bsz = one ? sizeof(cb_block_q5_1) : sizeof(cb_block_q5_0);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * bsz;
+        uint32_t qh;
+        memcpy(&qh, blk + 2 + 2 * one, 4);
+        const uint8_t *qs = blk + 6 + 2 * one;
+        const int off = one ? 0 : 16;
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += (((qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4) - off) * x[b].qs[j];
+            isum += (((qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - off) * x[b].qs[j + 16];
+        }
+        acc += (float)isum * (cb_f16_to_f32(rd16(blk)) * x[b].d);
+        if (one) acc += cb_f16_to_f32(rd16(blk + 2)) * x[b].s;
+    }
+    return acc;
+}
+
 static float dot_q8_0(const uint8_t *w, const cb_block_q8 *x, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
@@ -122,6 +143,8 @@ static void matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, const 
             switch (w->type) {
             case CB_TYPE_Q4_0: v = dot_q4_0(wr, xq + r * nb, nb); break;
             case CB_TYPE_Q4_1: v = dot_q4_1(wr, xq + r * nb, nb); break;
+            case CB_TYPE_Q5_0: v = dot_q5(0, wr, xq + r * nb, nb); break;
+            case CB_TYPE_Q5_1: v = dot_q5(1, wr, xq + r * nb, nb); break;
             case CB_TYPE_Q8_0: v = dot_q8_0(wr, xq + r * nb, nb); break;
             case CB_TYPE_F32:  v = dot_f32w(wr, xf + r * n_in, n_in); break;
             case CB_TYPE_F16:  v = dot_f16w(wr, xf + r * n_in, n_in); break;

@@ -40,11 +40,25 @@
 
 #include "kernels.h"
 
-enum { CB_TYPE_Q4_K = 12, CB_TYPE_Q5_K = 13, CB_TYPE_Q6_K = 14 };
+enum { CB_TYPE_Q2_K = 10, CB_TYPE_Q3_K = 11, CB_TYPE_Q4_K = 12, CB_TYPE_Q5_K = 13, CB_TYPE_Q6_K = 14 };
 
 #define CB_QK_K 256  /* weights per K-quant super-block */
 
 /* GGUF block layouts (packed, little-endian, as ggml writes them). */
+typedef struct {
+    uint8_t  scales[16];   /* per 16 weights: low nibble scale, high nibble min */
+    uint8_t  qs[64];       /* 2-bit quants: per 128-half, byte l bits 2k..2k+1 = element 32k + l */
+    uint16_t d;            /* f16 super-block scale for the scales */
+    uint16_t dmin;         /* f16 super-block scale for the mins */
+} cb_block_q2_K;           /* w = d*sc*q - dmin*m, q in 0..3, 84 bytes */
+
+typedef struct {
+    uint8_t  hmask[32];    /* 3rd bit: bit (4h + k) of hmask[l] for element 128h + 32k + l; clear means -4 */
+    uint8_t  qs[64];       /* low 2 bits, laid out as Q2_K */
+    uint8_t  scales[12];   /* 16 signed 6-bit scales (value - 32), packed (see cb_kq3_scales) */
+    uint16_t d;            /* f16 super-block scale */
+} cb_block_q3_K;           /* w = d*sc*(q - (hbit ? 0 : 4)), 110 bytes */
+
 typedef struct {
     uint16_t d;            /* f16 super-block scale for the 6-bit sub-block scales */
     uint16_t dmin;         /* f16 super-block scale for the 6-bit sub-block mins */
@@ -66,6 +80,24 @@ typedef struct {
     uint16_t d;            /* f16 super-block scale */
 } cb_block_q6_K;           /* w = d*sc*(q - 32), q in 0..63, 210 bytes */
 
+/* Panel layout (see kernels.h; AVX-512 only) of one 256-weight super-block
+ * of 16 outputs j, every byte of the file blocks kept, only moved:
+ *   Q4_K (2304 bytes): d[16] f16 | dmin[16] f16 | scales: byte k (0..11) of
+ *     output j at 64 + 16k + j | qs: group g (0..3), chunk c (0..7) =
+ *     file qs[32g + 4c .. 32g + 4c + 3] of output j at 256 + 512g + 64c + 4j
+ *     (low nibbles: sub-block 2g, high: 2g + 1, elements 4c..4c+3).
+ *   Q5_K (2816): as Q4_K, plus qh: chunk c (0..7) = file qh[4c..4c+3] at
+ *     256 + 64c + 4j; qs moves to 768 + 512g + 64c + 4j.
+ *   Q6_K (3360): d[16] f16 | scales: sub-block i (0..15, 16 weights) of
+ *     output j at 32 + 16i + j | ql: half h, chunk c (0..15) = file
+ *     ql[64h + 4c ..] at 288 + 1024h + 64c + 4j | qh: half h, chunk c (0..7)
+ *     = file qh[32h + 4c ..] at 2336 + 512h + 64c + 4j.
+ * So 4 consecutive weights of one output are one 32-bit lane and 16 outputs
+ * one vector: vpdpbusd against 4 broadcast activation bytes leaves each
+ * output's integer sum in its lane (no horizontal sums), and the scale
+ * arithmetic runs on 16 outputs at once. */
+void cb_kq_pack_block(int type, const uint8_t *blk, int j, uint8_t *pk);
+
 /* 1 if type is one of the K-quants above. */
 int         cb_kq_is_kquant(int type);
 /* Bytes per 256-weight block (0 if not a K-quant). */
@@ -82,6 +114,21 @@ static inline void cb_kq_scale_min(const uint8_t *q, int j, int *sc, int *m) {
         *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+/* The 16 scales of a Q3_K block, value - 32 applied (ggml's unpacking). */
+static inline void cb_kq3_scales(const uint8_t *packed, int sc[16]) {
+    uint32_t a[3];
+    for (int i = 0; i < 3; i++)
+        a[i] = (uint32_t)packed[4 * i] | (uint32_t)packed[4 * i + 1] << 8 |
+               (uint32_t)packed[4 * i + 2] << 16 | (uint32_t)packed[4 * i + 3] << 24;
+    const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
+    uint32_t u[4];
+    u[0] = (a[0] & k2) | (((a[2] >> 0) & k1) << 4);
+    u[1] = (a[1] & k2) | (((a[2] >> 2) & k1) << 4);
+    u[2] = ((a[0] >> 4) & k2) | (((a[2] >> 4) & k1) << 4);
+    u[3] = ((a[1] >> 4) & k2) | (((a[2] >> 6) & k1) << 4);
+    for (int i = 0; i < 16; i++) sc[i] = (int)((u[i / 4] >> (8 * (i % 4))) & 0xFF) - 32;
 }
 
 /* The float steps of one activation block, shared by every SIMD level so all

@@ -21,6 +21,8 @@ KQ_ATTR static inline __m256i kq_mulsum_avx2(__m256i wu, __m256i xs) {
 int cb_kq_matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
                            float *y, int64_t ldy, int64_t o0, int64_t o1) {
     switch (w->type) {
+    case CB_TYPE_Q2_K: matmul_q23_K_avx2(0, w, xq, n_rows, y, ldy, o0, o1); return 1;
+    case CB_TYPE_Q3_K: matmul_q23_K_avx2(1, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q4_K: matmul_q45_K_avx2(0, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q5_K: matmul_q45_K_avx2(1, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q6_K: matmul_q6_K_avx2(w, xq, n_rows, y, ldy, o0, o1); return 1;

@@ -1,5 +1,5 @@
 /*
- * kquants_scalar.c — K-quant (Q4_K, Q5_K, Q6_K) type info, row
+ * kquants_scalar.c — K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) type info, panel packing, row
  * dequantization, SIMD dispatch and the portable kernels: the readable
  * statement of what the AVX2 / AVX-512 paths compute bit for bit.
  */
@@ -11,11 +11,14 @@
 static inline uint16_t rd16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 int cb_kq_is_kquant(int type) {
-    return type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K;
+    return type == CB_TYPE_Q2_K || type == CB_TYPE_Q3_K || type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K ||
+           type == CB_TYPE_Q6_K;
 }
 
 size_t cb_kq_block_bytes(int type) {
     switch (type) {
+    case CB_TYPE_Q2_K: return sizeof(cb_block_q2_K);
+    case CB_TYPE_Q3_K: return sizeof(cb_block_q3_K);
     case CB_TYPE_Q4_K: return sizeof(cb_block_q4_K);
     case CB_TYPE_Q5_K: return sizeof(cb_block_q5_K);
     case CB_TYPE_Q6_K: return sizeof(cb_block_q6_K);
@@ -25,10 +28,43 @@ size_t cb_kq_block_bytes(int type) {
 
 const char *cb_kq_type_name(int type) {
     switch (type) {
+    case CB_TYPE_Q2_K: return "q2_K";
+    case CB_TYPE_Q3_K: return "q3_K";
     case CB_TYPE_Q4_K: return "q4_K";
     case CB_TYPE_Q5_K: return "q5_K";
     case CB_TYPE_Q6_K: return "q6_K";
     default: return NULL;
+    }
+}
+
+/* ----------------------------------------------------------------- pack */
+
+void cb_kq_pack_block(int type, const uint8_t *blk, int j, uint8_t *pk) {
+    switch (type) {
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K: {
+        const int q5 = type == CB_TYPE_Q5_K;
+        memcpy(pk + 2 * j, blk, 2);            /* d */
+        memcpy(pk + 32 + 2 * j, blk + 2, 2);   /* dmin */
+        for (int k = 0; k < 12; k++) pk[64 + 16 * k + j] = blk[4 + k];
+        const uint8_t *qs = blk + (q5 ? 48 : 16);
+        uint8_t *pq = pk + (q5 ? 768 : 256);
+        if (q5)
+            for (int c = 0; c < 8; c++) memcpy(pk + 256 + 64 * c + 4 * j, blk + 16 + 4 * c, 4);
+        for (int g = 0; g < 4; g++)
+            for (int c = 0; c < 8; c++) memcpy(pq + 512 * g + 64 * c + 4 * j, qs + 32 * g + 4 * c, 4);
+        break;
+    }
+    case CB_TYPE_Q6_K:
+        memcpy(pk + 2 * j, blk + 208, 2);      /* d */
+        for (int i = 0; i < 16; i++) pk[32 + 16 * i + j] = blk[192 + i];
+        for (int h = 0; h < 2; h++) {
+            for (int c = 0; c < 16; c++) memcpy(pk + 288 + 1024 * h + 64 * c + 4 * j, blk + 64 * h + 4 * c, 4);
+            for (int c = 0; c < 8; c++) memcpy(pk + 2336 + 512 * h + 64 * c + 4 * j, blk + 128 + 32 * h + 4 * c, 4);
+        }
+        break;
+    default:
+        break;
     }
 }
 
@@ -70,6 +106,28 @@ void cb_kq_row_f32(int type, const void *row, int64_t n, float *out) {
                         out[128 * h + 32 * k + l] = d * (float)sc[2 * k + l / 16] * (float)v;
                     }
             }
+        } else if (type == CB_TYPE_Q2_K || type == CB_TYPE_Q3_K) {
+            const int q3 = type == CB_TYPE_Q3_K;
+            const uint8_t *blk = p + (size_t)s * cb_kq_block_bytes(type);
+            int sc3[16];
+            if (q3) cb_kq3_scales(blk + 96, sc3);
+            const float d = cb_f16_to_f32(rd16(blk + (q3 ? 108 : 80)));
+            const float dmin = q3 ? 0.0f : cb_f16_to_f32(rd16(blk + 82));
+            const uint8_t *qs = blk + (q3 ? 32 : 16);
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 4; k++)
+                    for (int l = 0; l < 32; l++) {
+                        const int i = 8 * h + 2 * k + l / 16;  /* scale of these 16 weights */
+                        int v = (qs[32 * h + l] >> (2 * k)) & 3;
+                        float x;
+                        if (q3) {
+                            v -= (blk[l] >> (4 * h + k)) & 1 ? 0 : 4;
+                            x = d * (float)sc3[i] * (float)v;
+                        } else {
+                            x = d * (float)(blk[i] & 0xF) * (float)v - dmin * (float)(blk[i] >> 4);
+                        }
+                        out[128 * h + 32 * k + l] = x;
+                    }
         } else {
             memset(out, 0, CB_QK_K * sizeof(float));
         }
@@ -140,6 +198,41 @@ static float dot_q6_K(const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
     return acc;
 }
 
+/* Q2_K (q3 = 0) and Q3_K (q3 = 1): per activation block two 16-weight
+ * halves with their own scales (and Q2_K mins against the halves' sums). */
+static float dot_q23_K(const int q3, const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
+    const size_t bsz = q3 ? sizeof(cb_block_q3_K) : sizeof(cb_block_q2_K);
+    float acc = 0.0f;
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + (size_t)s * bsz;
+        int sc3[16];
+        if (q3) cb_kq3_scales(blk + 96, sc3);
+        const float d = cb_f16_to_f32(rd16(blk + (q3 ? 108 : 80)));
+        const float dmin = q3 ? 0.0f : cb_f16_to_f32(rd16(blk + 82));
+        const uint8_t *qs = blk + (q3 ? 32 : 16);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++) {
+                const cb_block_q8 *xb = x + s * 8 + h * 4 + k;
+                int isum[2] = { 0, 0 }, xsum[2] = { 0, 0 };
+                for (int l = 0; l < 32; l++) {
+                    int v = (qs[32 * h + l] >> (2 * k)) & 3;
+                    if (q3) v -= (blk[l] >> (4 * h + k)) & 1 ? 0 : 4;
+                    isum[l / 16] += v * xb->qs[l];
+                    xsum[l / 16] += xb->qs[l];
+                }
+                const int i = 8 * h + 2 * k;
+                if (q3) {
+                    acc = cb_kq_acc(acc, sc3[i] * isum[0] + sc3[i + 1] * isum[1], d, xb);
+                } else {
+                    acc = cb_kq_acc(acc, (blk[i] & 0xF) * isum[0] + (blk[i + 1] & 0xF) * isum[1], d, xb);
+                    const float dm = dmin * xb->d;
+                    acc -= (float)((blk[i] >> 4) * xsum[0] + (blk[i + 1] >> 4) * xsum[1]) * dm;
+                }
+            }
+    }
+    return acc;
+}
+
 void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
                               float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nsb = w->n_in / CB_QK_K, nb = w->n_in / CB_QK;
@@ -148,6 +241,8 @@ void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, int n_r
         for (int r = 0; r < n_rows; r++) {
             float v;
             switch (w->type) {
+            case CB_TYPE_Q2_K: v = dot_q23_K(0, wr, xq + r * nb, nsb); break;
+            case CB_TYPE_Q3_K: v = dot_q23_K(1, wr, xq + r * nb, nsb); break;
             case CB_TYPE_Q4_K: v = dot_q4_K(wr, xq + r * nb, nsb); break;
             case CB_TYPE_Q5_K: v = dot_q5_K(wr, xq + r * nb, nsb); break;
             case CB_TYPE_Q6_K: v = dot_q6_K(wr, xq + r * nb, nsb); break;
