@@ -83,8 +83,8 @@ def test_bad_grammar_and_schema_are_clear_errors_and_engine_keeps_serving(eng):
         eng.generate("x", grammar='root ::= "unterminated', max_tokens=4)
     with pytest.raises(GrammarError, match="undefined|not defined|unknown"):
         eng.generate("x", grammar="root ::= missing", max_tokens=4)
-    with pytest.raises(SchemaError, match="'if'"):
-        eng.generate("x", json_schema={"if": {"type": "string"}}, max_tokens=4)
+    with pytest.raises(SchemaError, match="'maxContains'"):
+        eng.generate("x", json_schema={"contains": {"type": "string"}, "maxContains": 1}, max_tokens=4)
     assert "Paris" in eng.generate("The capital of France is", max_tokens=12).text
 
 
