@@ -681,7 +681,8 @@ def test_random_schemas_sound(schema, seed):
         text = schema_to_gbnf(schema)
     except SchemaError as e:
         # refusals name the keyword (or say nothing is admitted)
-        assert "admits no value" in str(e) or "unsupported JSON Schema keyword" in str(e), (schema, e)
+        assert "admits no value" in str(e) or "unsupported JSON Schema keyword" in str(e) \
+            or "too complex" in str(e), (schema, e)
         return
     g = gbnf_ref.compile_gbnf(text)
     v = validator_for(schema)

@@ -1386,8 +1386,13 @@ class _Converter:
             return min(c, top) if hi_p is None else c
 
         def extras_after(c, first):
-            """Extra members once c were written; None = cannot satisfy the counts."""
-            e_lo = max(0, lo_p - c)
+            """Extra members once c were written; None = cannot satisfy the
+            counts.  Extras never count towards minProperties: their names
+            may repeat (a grammar cannot keep them distinct), and a parser
+            keeps one member per name."""
+            if c < lo_p:
+                return None
+            e_lo = 0
             e_hi = None if hi_p is None else hi_p - c
             if e_hi is not None and e_hi < 0:
                 return None
@@ -1460,6 +1465,10 @@ class _Converter:
 
         body = head(0)
         if body is None:
+            if extra is not None and lo_p > 0:
+                self.refuse("minProperties", path, "met only with undeclared names")
+                return self.visit_object({k: v for k, v in s.items() if k != "minProperties"},
+                                         path, name)
             return None
         return self.add_rule(name, '"{" %s %s"}" %s' % (sp, body + " " if body else "", sp))
 
