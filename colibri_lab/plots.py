@@ -226,6 +226,57 @@ def step_breakdown(steps, by: str = "variant", phases: Sequence[str] = PHASES, k
     return _stamp(fig, st)
 
 
+def latency_vs_rate(table, metrics: Sequence[str] = ("p99_ttft_ms", "p99_itl_ms", "p99_tpot_ms"),
+                    by: str = "server", bounds: dict | None = None, log: bool = True) -> Figure:
+    """Serving latency percentiles against the offered request rate, one panel
+    per metric of serve_bench.serve_table (p50/p90/p99 of ttft, tpot, itl,
+    e2el), one line per `by` group; `bounds` ({metric: ms}) draws SLO lines."""
+    t = table.reset_index() if "variant" not in getattr(table, "columns", []) else table
+    fig = Figure(figsize=(4.2 * len(metrics), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, m in zip(axes, metrics):
+        for name, g in _groups(t, by):
+            g = g.sort_values("rate")
+            ax.plot(g["rate"].to_numpy(float), g[m].to_numpy(float), marker="o", label=str(name))
+        if bounds and m in bounds:
+            ax.axhline(bounds[m], color="grey", ls="--", lw=1, label=f"SLO {bounds[m]:g} ms")
+        ax.set_xscale("log", base=2)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.set_ylabel(m)
+        ax.set_title(m.replace("_ms", "").replace("_", " ").upper().replace("P", "p", 1) + " vs rate")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize="small")
+    return _stamp(fig, table)
+
+
+def goodput_vs_rate(table, by: str = "server", ax=None) -> Figure:
+    """Request throughput and goodput (requests meeting every SLO per second)
+    against the offered rate, one colour per `by` group; the dotted diagonal
+    is the offered rate (a server that keeps up completes at it)."""
+    t = table.reset_index() if "variant" not in getattr(table, "columns", []) else table
+    fig, ax = _axes(ax)
+    for name, g in _groups(t, by):
+        g = g.sort_values("rate")
+        line, = ax.plot(g["rate"].to_numpy(float), g["request_throughput"].to_numpy(float), marker="o",
+                        label=f"{name} throughput")
+        if "request_goodput" in g:
+            ax.plot(g["rate"].to_numpy(float), g["request_goodput"].to_numpy(float), marker="s", ls="--",
+                    color=line.get_color(), label=f"{name} goodput")
+    if len(t):
+        r = np.sort(t["rate"].to_numpy(float))
+        ax.plot(r, r, ls=":", color="grey", label="offered rate")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("request rate (req/s, Poisson)")
+    ax.set_ylabel("requests / s")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Throughput and goodput vs rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _stamp(fig, table)
+
+
 def ratio_forest(comparisons: pd.DataFrame | Sequence[dict], ax=None) -> Figure:
     """Paired ratios with their confidence intervals (from stats.compare), one
     line per comparison, with the no-change line at 1."""

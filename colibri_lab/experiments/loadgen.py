@@ -503,7 +503,9 @@ def sustained(rows, threshold: float = 0.9) -> tuple[bool, float]:
     at which they were released (between the first and last release):
     about 1 when the server keeps up - completions follow arrivals shifted
     by the latency - and the service rate / the offered rate when a queue
-    builds.  Returns (ratio >= threshold, ratio)."""
+    builds; capped at 1 (completions bunched closer than the arrivals - a
+    batch finishing together - is keeping up, not more).  Returns
+    (ratio >= threshold, ratio)."""
     import pandas as pd
 
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
@@ -515,6 +517,6 @@ def sustained(rows, threshold: float = 0.9) -> tuple[bool, float]:
     done = np.sort(df["t_done_s"].to_numpy(float))
     span_rel, span_done = rel[-1] - rel[0], done[-1] - done[0]
     if span_rel <= 0:
-        return True, float("inf")
-    ratio = span_rel / span_done if span_done > 0 else float("inf")
+        return True, 1.0
+    ratio = min(1.0, span_rel / span_done) if span_done > 0 else 1.0
     return bool(ratio >= threshold), float(ratio)

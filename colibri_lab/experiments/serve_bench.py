@@ -448,7 +448,7 @@ def percentile_ratio(a, b, q: float = 99, n_boot: int = 2000, ci: float = 0.95, 
             "n_a": len(a), "n_b": len(b)}
 
 
-def max_rate_meeting(table: pd.DataFrame, server: str, bounds: dict, min_sustained: float = 0.9) -> float:
+def max_rate_meeting(table: pd.DataFrame, server: str, bounds: dict, min_sustained: float = 0.8) -> float:
     """The highest rate at which `server`'s rows of serve_table sustain the
     arrivals (sustained >= min_sustained), complete every request and meet
     every bound, e.g. {"p99_ttft_ms": 2000, "p99_tpot_ms": 200}; 0 when none

@@ -39,7 +39,9 @@ TOML files (experiments/*.toml):
     repeats = 1
 
 A `[sweep]` table builds one variant per value instead of (or on top of) the
-list:  [sweep] key = "arrival.concurrency", values = [1, 2, 4, 8].
+list:  [sweep] key = "arrival.concurrency", values = [1, 2, 4, 8].  On top of
+a list, every listed variant gets every value ("<name> <key>=<value>"),
+ordered value by value so that the listed variants interleave at each value.
 
 Serving experiments (colibri_lab.experiments.serve_bench) send the workload
 over HTTP to OpenAI-compatible servers instead of driving an engine in this
@@ -256,12 +258,14 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
     if d.get("sweep"):
         sw = d["sweep"]
         bases = variants or [Variant("base")]
-        swept = []
+        per_base = []
         for b in bases:
             prefix = f"{b.name} " if variants else ""
-            swept += sweep(sw["key"], sw["values"], base=b,
-                           name=prefix + sw.get("name", sw["key"].split(".")[-1] + "={value}"))
-        variants = swept
+            per_base.append(sweep(sw["key"], sw["values"], base=b,
+                                  name=prefix + sw.get("name", sw["key"].split(".")[-1] + "={value}")))
+        # value-major: at each value the base variants are adjacent, so their blocks interleave (A B at
+        # value 1, A B at value 2, ...; reversed on odd repeats) and drift hits an A/B pair alike
+        variants = [vs[i] for i in range(len(sw["values"])) for vs in per_base]
     return ExperimentSpec(
         name=d.get("name") or (Path(source).stem if source else "experiment"),
         variants=variants, workload=wl, workload_n=n, workload_turns=turns, workload_order=order,
