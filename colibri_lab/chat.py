@@ -12,6 +12,10 @@ Messages are checked before rendering: a list of dicts with a known ``role``
 and ``content`` that is a string, a list of ``{"type": "text", "text": ...}``
 parts (joined with newlines, as llama.cpp does for templates that expect plain
 strings) or, for assistant messages that carry ``tool_calls``, None.
+
+A GGUF without ``tokenizer.chat_template`` (Gemma-3-270M, a pretrained model,
+has none) gets its family's turn format from ``BUILTIN_TEMPLATES``, chosen by
+``general.architecture``, as llama.cpp falls back to its built-in templates.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import InvalidRequestError
 
-__all__ = ["render", "validate_messages", "template_from_metadata", "ROLES"]
+__all__ = ["render", "validate_messages", "template_from_metadata", "ROLES", "BUILTIN_TEMPLATES"]
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -180,9 +184,42 @@ def render(
         ) from e
 
 
+# Gemma's turn format (what llama.cpp's built-in "gemma" template writes and
+# Google's Gemma 3 template renders): BOS first; no system role, so a leading
+# system message opens the first user turn, followed by a blank line; the
+# assistant's role is "model"; each content is trimmed; turns alternate, user first.
+_GEMMA = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set prefix = (messages[0]['content'] | trim) + '\n\n' -%}"
+    "{%- set turns = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set prefix = '' -%}"
+    "{%- set turns = messages -%}"
+    "{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) or m['role'] not in ('user', 'assistant') -%}"
+    "{{ raise_exception('Gemma turns must alternate user / assistant, starting with user "
+    "(one optional system message first)') }}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' }}"
+    "{{ (prefix if loop.first else '') + (m['content'] | trim) + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+# general.architecture -> the chat template used when the file has none.
+BUILTIN_TEMPLATES = {"gemma": _GEMMA, "gemma2": _GEMMA, "gemma3": _GEMMA}
+
+
 def template_from_metadata(meta: Mapping[str, Any], name: str | None = None) -> str | None:
     """The GGUF's chat template (``tokenizer.chat_template``, or the named
-    variant ``tokenizer.chat_template.<name>``), or None when absent."""
+    variant ``tokenizer.chat_template.<name>``); for a file without one, its
+    architecture's entry in ``BUILTIN_TEMPLATES``; else None."""
     key = "tokenizer.chat_template" if name is None else f"tokenizer.chat_template.{name}"
     value = meta.get(key)
-    return value if isinstance(value, str) and value else None
+    if isinstance(value, str) and value:
+        return value
+    if name is None:
+        return BUILTIN_TEMPLATES.get(meta.get("general.architecture"))
+    return None

@@ -3,8 +3,8 @@
 ``models list`` shows this for every cached model, so it must not load (mmap,
 validate and repack) the weights the way ``_engine.Model`` does: this reads
 the metadata key/values and the tensor table, skips over array contents (a
-262,144-entry vocabulary is skipped, not decoded), and never touches tensor
-data.  Every length is checked against the file size before it is used, so a
+262,144-entry vocabulary is skipped, not decoded) unless asked for them, and
+never touches tensor data.  Every length is checked against the file size before it is used, so a
 truncated or corrupt file gives a ModelLoadError, not a crash or a huge read.
 """
 
@@ -58,32 +58,36 @@ class _Cursor:
         self.pos += n
         return s
 
-    def value(self, vtype: int, depth: int = 0) -> Any:
-        """A scalar or string; arrays are skipped and stand as ('array', length)."""
+    def value(self, vtype: int, arrays: bool) -> Any:
+        """A scalar or string; an array is a list when ``arrays``, else skipped
+        and standing as ('array', length)."""
         if vtype in _SCALAR:
             return self.unpack(_SCALAR[vtype])
         if vtype == _STRING:
             return self.string()
-        if vtype == _ARRAY and depth == 0:
+        if vtype == _ARRAY:
             etype = self.unpack("<I")
             count = self.unpack("<Q")
             if etype in _SCALAR:
-                size = struct.calcsize(_SCALAR[etype]) * count
+                fmt = _SCALAR[etype]
+                size = struct.calcsize(fmt) * count
                 self.need(size)
+                items = (list(struct.unpack_from(f"<{count}{fmt[1]}", self.buf, self.pos))
+                         if arrays else None)
                 self.pos += size
             elif etype == _STRING:
-                for _ in range(count):
-                    self.string(keep=False)
+                items = [self.string(keep=arrays) for _ in range(count)]
             else:
                 raise ModelLoadError(f"{self.path}: unsupported GGUF array element type {etype}")
-            return ("array", count)
+            return items if arrays else ("array", count)
         raise ModelLoadError(f"{self.path}: unsupported GGUF value type {vtype}")
 
 
-def read_header(path: str | os.PathLike) -> dict:
+def read_header(path: str | os.PathLike, arrays: bool = False) -> dict:
     """``{"version", "metadata": {key: value}, "tensors": [(name, type name, n_elements)]}``.
 
-    Array values in ``metadata`` are ``("array", length)``; their contents are skipped.
+    Array values in ``metadata`` are lists when ``arrays`` (the vocabulary, for
+    example), else ``("array", length)`` with their contents skipped.
     """
     path = os.fspath(path)
     try:
@@ -92,12 +96,12 @@ def read_header(path: str | os.PathLike) -> dict:
             if size < 24:
                 raise ModelLoadError(f"{path}: too small to be a GGUF file ({size} bytes)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _parse(_Cursor(buf, path))
+                return _parse(_Cursor(buf, path), arrays)
     except OSError as e:
         raise ModelLoadError(f"cannot read {path}: {e}") from e
 
 
-def _parse(c: _Cursor) -> dict:
+def _parse(c: _Cursor, arrays: bool) -> dict:
     if bytes(c.buf[:4]) != b"GGUF":
         raise ModelLoadError(f"{c.path}: not a GGUF file (bad magic)")
     c.pos = 4
@@ -112,7 +116,7 @@ def _parse(c: _Cursor) -> dict:
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
         key = c.string()
-        meta[key] = c.value(c.unpack("<I"))
+        meta[key] = c.value(c.unpack("<I"), arrays)
     tensors = []
     for _ in range(n_tensors):
         name = c.string()

@@ -4,12 +4,21 @@ The tokenizer is assembled from the GGUF metadata (``tokenizer.ggml.*`` keys)
 with the ``tokenizers`` library, so that it reproduces llama.cpp's tokenization
 of the same file id for id:
 
-- model: byte-level BPE from ``tokenizer.ggml.tokens`` (id = position) and
-  ``tokenizer.ggml.merges`` ("left right" strings, rank = position);
-- pre-tokenizer: chosen by ``tokenizer.ggml.pre`` from ``PRE_TOKENIZERS``; each
-  entry is the split llama.cpp applies for that name, written with the
-  ``tokenizers`` building blocks (the regexes are the original ones from the
-  models' tokenizer.json files, which llama.cpp's hand-written splitters mirror);
+- ``tokenizer.ggml.model = "gpt2"``: byte-level BPE from ``tokenizer.ggml.tokens``
+  (id = position) and ``tokenizer.ggml.merges`` ("left right" strings, rank =
+  position); the pre-tokenizer is chosen by ``tokenizer.ggml.pre`` from
+  ``PRE_TOKENIZERS``; each entry is the split llama.cpp applies for that name,
+  written with the ``tokenizers`` building blocks (the regexes are the original
+  ones from the models' tokenizer.json files, which llama.cpp's hand-written
+  splitters mirror);
+- ``tokenizer.ggml.model = "llama"`` (SentencePiece vocabularies: Gemma, Llama 2,
+  ...): llama.cpp's SPM tokenizer has no merge list and no pre-tokenizer.  It
+  writes spaces as U+2581, starts from single characters and repeatedly joins
+  the adjacent pair whose concatenation is the vocabulary token with the
+  highest ``tokenizer.ggml.scores`` entry; a character no token covers becomes
+  its UTF-8 bytes as ``<0xXX>`` tokens.  That is BPE with one merge per way of
+  splitting a token into two tokens, ranked by the joined token's score, plus
+  byte fallback: ``_spm_merges`` derives that list;
 - special tokens: ids whose ``token_type`` is CONTROL (3) or UNKNOWN (2) are
   matched in the text as whole tokens only when ``parse_special`` is true (like
   llama.cpp's ``parse_special``/``special=True``); USER_DEFINED (4) ones always.
@@ -28,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from .errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 
@@ -113,8 +122,10 @@ del _name
 # Tokens whose text makes them end generation.
 _EOG_TEXTS = frozenset(
     {
-        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-        "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+        "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+        "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+        "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
     }
 )
 # Fill-in-the-middle pad / repo / file-separator tokens, which llama.cpp also
@@ -145,6 +156,34 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 _UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
 
+_SPM_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def _spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """The merge list that makes BPE behave as llama.cpp's SPM tokenizer.
+
+    llama.cpp joins the adjacent symbols whose concatenation is a token with
+    the highest score (ties: leftmost first).  So every split of a token t into
+    two tokens (a, b) is a merge, ranked by t's score; splits of one token
+    share its rank (which of them applies is decided by the symbols present,
+    never by rank), and distinct tokens with equal scores (only special
+    tokens in the vocabularies we know) are ranked by id.
+    """
+    vocab = {t: i for i, t in enumerate(tokens)}  # last id wins, as in llama.cpp
+    order = sorted(range(len(tokens)), key=lambda i: (-float(scores[i]), i))
+    pairs = []
+    for i in order:
+        t = tokens[i]
+        if vocab.get(t) != i:
+            continue  # a duplicate text: llama.cpp never emits this id
+        for k in range(1, len(t)):
+            a = t[:k]
+            if a in vocab:
+                b = t[k:]
+                if b in vocab:
+                    pairs.append((a, b))
+    return pairs
+
 
 def _as_list(meta: Mapping[str, Any], key: str, required: bool = True) -> list | None:
     if key not in meta:
@@ -167,6 +206,9 @@ class Tokenizer:
         token_types: Sequence[int] | None = None,
         *,
         pre: str = "gpt-2",
+        model: str = "gpt2",
+        scores: Sequence[float] | None = None,
+        add_space_prefix: bool = False,
         bos_id: int | None = None,
         eos_id: int | None = None,
         add_bos: bool = False,
@@ -182,14 +224,29 @@ class Tokenizer:
             raise ModelLoadError(
                 f"tokenizer.ggml.token_type has {len(token_types)} entries, tokens has {n}"
             )
-        spec = PRE_TOKENIZERS.get(pre)
-        if spec is None:
-            known = ", ".join(sorted(PRE_TOKENIZERS))
+        if model not in ("gpt2", "llama"):
             raise UnsupportedModelError(
-                f"unsupported tokenizer pre-tokenizer type tokenizer.ggml.pre={pre!r} "
-                f"(supported: {known})"
+                f"unsupported tokenizer model tokenizer.ggml.model={model!r} "
+                "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece-style BPE)"
+            )
+        spm = model == "llama"
+        spec = None
+        if not spm:
+            spec = PRE_TOKENIZERS.get(pre)
+            if spec is None:
+                known = ", ".join(sorted(PRE_TOKENIZERS))
+                raise UnsupportedModelError(
+                    f"unsupported tokenizer pre-tokenizer type tokenizer.ggml.pre={pre!r} "
+                    f"(supported: {known})"
+                )
+        elif scores is None or len(scores) != n:
+            raise ModelLoadError(
+                f"tokenizer.ggml.scores must have one entry per token ({n}) for a "
+                "SentencePiece ('llama') vocabulary"
             )
         self.pre = pre
+        self.model = model
+        self.add_space_prefix = bool(add_space_prefix)
         self._tokens = [str(t) for t in tokens]  # id -> vocabulary string (byte-level encoded)
         self._types = [int(t) for t in token_types]  # id -> GGUF token type
         self.add_bos = bool(add_bos)
@@ -204,7 +261,7 @@ class Tokenizer:
         self._vocab = vocab
 
         pairs = []
-        for k, m in enumerate(merges):
+        for k, m in enumerate(() if spm else merges):
             m = str(m)
             # Split at the first space after the first character, as llama.cpp
             # does (a merge part is never empty).
@@ -217,13 +274,15 @@ class Tokenizer:
             if left in vocab and right in vocab and (left + right) in vocab:
                 pairs.append((left, right))
 
+        if spm:
+            pairs = _spm_merges(self._tokens, scores)
         try:
             bpe = models.BPE(
                 vocab=vocab,
                 merges=pairs,
-                ignore_merges=spec.ignore_merges,
+                ignore_merges=bool(spec and spec.ignore_merges),
                 fuse_unk=False,
-                byte_fallback=False,
+                byte_fallback=spm,
             )
         except Exception as e:  # tokenizers raises plain Exception
             raise ModelLoadError(f"cannot build the BPE model from the GGUF vocabulary: {e}") from e
@@ -243,8 +302,20 @@ class Tokenizer:
 
         def make(parse_special: bool) -> _HFTokenizer:
             tk = _HFTokenizer(bpe)
-            tk.pre_tokenizer = spec.build()
-            tk.decoder = decoders.ByteLevel()
+            if spm:
+                # Applied to each stretch of text between special tokens, as
+                # llama.cpp escapes each raw fragment (and, with
+                # add_space_prefix, starts each with a space).
+                steps = [normalizers.Replace(" ", _SPM_SPACE)]
+                if self.add_space_prefix:
+                    steps.insert(0, normalizers.Prepend(" "))
+                tk.normalizer = normalizers.Sequence(steps)
+                tk.decoder = decoders.Sequence(
+                    [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+                )
+            else:
+                tk.pre_tokenizer = spec.build()
+                tk.decoder = decoders.ByteLevel()
             if user_ids:
                 tk.add_tokens([self._added(i, special=False) for i in user_ids])
             tk.add_special_tokens([self._added(i, special=True) for i in sorted(self._special_ids)])
@@ -291,16 +362,18 @@ class Tokenizer:
         model = meta.get("tokenizer.ggml.model")
         if model is None:
             raise ModelLoadError("GGUF metadata has no 'tokenizer.ggml.model'")
-        if model != "gpt2":
+        if model not in ("gpt2", "llama"):
             raise UnsupportedModelError(
                 f"unsupported tokenizer model tokenizer.ggml.model={model!r} "
-                "(only byte-level BPE, 'gpt2', is supported)"
+                "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece-style BPE)"
             )
+        spm = model == "llama"
         tokens = _as_list(meta, "tokenizer.ggml.tokens")
-        merges = _as_list(meta, "tokenizer.ggml.merges")
+        merges = [] if spm else _as_list(meta, "tokenizer.ggml.merges")
+        scores = _as_list(meta, "tokenizer.ggml.scores") if spm else None
         types = _as_list(meta, "tokenizer.ggml.token_type", required=False)
         pre = meta.get("tokenizer.ggml.pre", "default")
-        if pre == "default" or not pre:
+        if not spm and (pre == "default" or not pre):
             # llama.cpp's "default" BPE split is a four-regex chain that no
             # converted model we know of relies on: refuse rather than guess.
             raise UnsupportedModelError(
@@ -324,6 +397,10 @@ class Tokenizer:
             merges,
             types,
             pre=str(pre),
+            model=str(model),
+            scores=scores,
+            # llama.cpp's default for SentencePiece vocabularies is a prefix space.
+            add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)) and spm,
             bos_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_id=meta.get("tokenizer.ggml.eos_token_id"),
             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
@@ -408,7 +485,10 @@ class Tokenizer:
         except TypeError as e:
             raise InvalidRequestError(f"token ids must be integers: {e}") from e
         self._check_ids(ids)
-        return self._tk.decode(ids, skip_special_tokens=skip_special)
+        # The bytes llama.cpp's token_to_piece gives, joined, then decoded once:
+        # a character split over byte-fallback tokens is whole again.
+        data = b"".join(self._piece(i, not skip_special) for i in ids)
+        return data.decode("utf-8", errors="replace")
 
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """The bytes one token stands for.
@@ -417,8 +497,21 @@ class Tokenizer:
         llama.cpp's ``llama_token_to_piece``).
         """
         self._check_ids([token_id])
+        return self._piece(token_id, special)
+
+    def _piece(self, token_id: int, special: bool) -> bytes:
         text = self._tokens[token_id]
         kind = self._types[token_id]
+        if self.model == "llama":
+            if token_id in self._special_ids:
+                return text.encode("utf-8") if special else b""
+            if kind == TOKEN_TYPE["USER_DEFINED"]:
+                return text.encode("utf-8")
+            if kind == TOKEN_TYPE["NORMAL"]:
+                return text.replace(_SPM_SPACE, " ").encode("utf-8")
+            if kind == TOKEN_TYPE["BYTE"] and len(text) == 6 and text.startswith("<0x"):
+                return bytes([int(text[3:5], 16)])
+            return b""  # unused / undefined: rendered as nothing, as llama.cpp does
         if token_id in self._special_ids and kind != TOKEN_TYPE["UNKNOWN"]:
             return text.encode("utf-8") if special else b""
         if kind == TOKEN_TYPE["USER_DEFINED"]:
@@ -437,6 +530,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return (
-            f"Tokenizer(pre={self.pre!r}, n_vocab={self.n_vocab}, bos_id={self.bos_id}, "
+            f"Tokenizer(model={self.model!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, bos_id={self.bos_id}, "
             f"eos_id={self.eos_id}, eog_ids={sorted(self._eog_ids)})"
         )

@@ -16,6 +16,17 @@ vocabulary-only copy of the GGUF, so the pre-tokenizer table entries other than
 Usage:  python scripts/make_tokenizer_fixture.py [MODEL.gguf]
 (default: the cached `smollm2` alias, downloaded if needed).  Needs
 llama-cpp-python and gguf.
+
+        python scripts/make_tokenizer_fixture.py qwen2.5-coder | gemma3-270m
+writes tests/fixtures/tokenize_<name>.json for that model family the same way
+(the shared strings plus the family's own markup, llama.cpp's ids, vocabulary
+facts), and also: "bos_cases" tokenized with add_bos=True (the way the engine
+tokenizes a plain prompt), and for Gemma "variants" (the same vocabulary with
+add_space_prefix=True, so that path is checked too) and "chat" (llama.cpp's
+built-in "gemma" chat template, as the file has none).  For qwen2.5-coder the
+0.5B file (same vocabulary) is tokenized too and must give the same ids.
+Run it with the anchor environment:
+  /work/venv-anchors/bin/python scripts/make_tokenizer_fixture.py gemma3-270m
 """
 
 from __future__ import annotations
@@ -199,17 +210,20 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _vocab_only_copy(src: Path, dest: Path, pre: str) -> None:
-    """Write a tensor-less GGUF with src's metadata and tokenizer.ggml.pre = pre."""
+def _vocab_only_copy(src: Path, dest: Path, pre: str | None = None, **overrides) -> None:
+    """Write a tensor-less GGUF with src's metadata, tokenizer.ggml.pre = pre
+    (if given) and the other keys in ``overrides`` (existing keys only)."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+    if pre is not None:
+        overrides["tokenizer.ggml.pre"] = pre
     reader = GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(str(dest), arch)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = pre if key == "tokenizer.ggml.pre" else field.contents()
+        value = overrides[key] if key in overrides else field.contents()
         vtype = field.types[0]
         if vtype == GGUFValueType.ARRAY:
             writer.add_key_value(key, value, vtype, sub_type=field.types[-1])
@@ -221,13 +235,13 @@ def _vocab_only_copy(src: Path, dest: Path, pre: str) -> None:
     writer.close()
 
 
-def _tokenize_all(path: Path, texts: list[str]) -> list[dict]:
+def _tokenize_all(path: Path, texts: list[str], add_bos: bool = False) -> list[dict]:
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     cases = []
     for t in texts:
-        ids = llm.tokenize(t.encode("utf-8"), add_bos=False, special=True)
+        ids = llm.tokenize(t.encode("utf-8"), add_bos=add_bos, special=True)
         cases.append({"text": t, "ids": [int(i) for i in ids]})
     del llm
     return cases
@@ -251,8 +265,9 @@ def _vocab_facts(path: Path, texts: list[str]) -> dict:
         return buf.raw[:k].hex()
 
     control = [i for i in range(n) if llama_cpp.llama_vocab_is_control(vocab, i)]
-    # Every control token, then a fixed stride through the vocabulary.
-    sample = sorted(set(control) | set(range(0, n, 97)) | {n - 1})
+    # Control tokens (the first 300: Gemma has 6,000 <unusedN>), then a fixed
+    # stride through the vocabulary.
+    sample = sorted(set(control[:300]) | set(range(0, n, 97)) | {n - 1})
     facts = {
         "n_vocab": n,
         "bos": llama_cpp.llama_vocab_bos(vocab),
@@ -272,9 +287,157 @@ def _vocab_facts(path: Path, texts: list[str]) -> dict:
     return facts
 
 
+# -- the real models of issue 21 ---------------------------------------------------
+
+FAMILIES = {
+    # fixture name -> (alias, aliases whose files must give the same ids)
+    "qwen2.5-coder": ("qwen2.5-coder-1.5b", ("qwen2.5-coder-0.5b",)),
+    "gemma3-270m": ("gemma3-270m", ()),
+}
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def family_strings(name: str) -> list[str]:
+    """The shared strings plus this family's chat / tool / FIM markup."""
+    if name == "qwen2.5-coder":
+        extra = [
+            f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n<|im_start|>user\n"
+            "Write a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n",
+            "<|im_start|>assistant\n```python\ndef rev(s: str) -> str:\n    return s[::-1]\n```<|im_end|>\n",
+            "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c<|fim_middle|>",
+            "<|fim_pad|><|repo_name|>colibri<|file_sep|>main.py\nimport os",
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            "<tools>\n{\"type\": \"function\"}\n</tools>",
+            "<|im_start|>user\n<tool_response>\n22 C\n</tool_response><|im_end|>",
+            "<|endoftext|><|im_end|><|im_start|>",
+            "<|vision_start|><|image_pad|><|vision_end|>",
+            "<|object_ref_start|>x<|object_ref_end|><|box_start|>(1,2)<|box_end|>",
+            "    def method(self, x: int = 1_000_000) -> None:\n        pass\n",
+            "x = 12345678901234567890 + 3.14159265358979",
+            "\t\tif (a && b) {\n\t\t\treturn;\n\t\t}\n",
+            "<|im_start|>user\n你好，请用中文回答。<|im_end|>\n",
+        ]
+    else:
+        extra = [
+            "<start_of_turn>user\nHello!<end_of_turn>\n<start_of_turn>model\n",
+            "<bos><start_of_turn>user\nYou are terse.\n\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n4<end_of_turn>\n",
+            "<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "[multimodal]", "<start_of_image>", "<end_of_image>",
+            "<unused0><unused99><unused6241>", "<start_of_turn><end_of_turn>", "text<end_of_turn>text",
+            "</s>", "<s>struck</s> text", "<b>bold</b> <i>it</i> <code>x</code>",
+            "<table><tr><td>1</td><td>2</td></tr></table>", "<h1>Title</h1>\n<ul><li>a</li></ul>",
+            "<0x41><0x0A>", "\u2581", "\u2581\u2581word\u2581", "a\u2581b c",
+            " " * 31, " " * 32, " " * 40, "\t" * 31, "\t" * 33, "\n" * 31, "\n" * 40,
+            " \t \n \t\t\n\n  x", "x" + " " * 7 + "y" + "\t" * 3 + "z",
+            "def f(x):\n\treturn x  # tab indent\n", "    four\n        eight\n",
+            "ÀÉÎÕÜ àéîõü ĀĒĪŌŪ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "\U0001f9d1\u200d\U0001f52c",
+            "\x00\x01\x02\x7f", "\ue000\uf8ff",
+        ]
+    out = strings()
+    for t in extra:
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def _chat_cases_gemma() -> list[dict]:
+    """llama.cpp's built-in "gemma" template on a few conversations."""
+    import ctypes
+
+    import llama_cpp
+
+    convs = [
+        [{"role": "user", "content": "Hello!"}],
+        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"}],
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, how can I help?"},
+         {"role": "user", "content": "Write a haiku."}],
+        [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "  spaces  "},
+         {"role": "assistant", "content": "\nD'accord.\n"}, {"role": "user", "content": "Merci"}],
+    ]
+    cases = []
+    for msgs in convs:
+        for add_ass in (True, False):
+            arr = (llama_cpp.llama_chat_message * len(msgs))()
+            keep = []
+            for k, m in enumerate(msgs):
+                role, content = m["role"].encode(), m["content"].encode()
+                keep += [role, content]
+                arr[k].role, arr[k].content = role, content
+            buf = ctypes.create_string_buffer(8192)
+            n = llama_cpp.llama_chat_apply_template(b"gemma", arr, len(msgs), add_ass, buf, len(buf))
+            if n < 0 or n > len(buf):
+                raise RuntimeError(f"llama_chat_apply_template failed ({n})")
+            cases.append({"messages": msgs, "add_generation_prompt": add_ass,
+                          "text": buf.raw[:n].decode("utf-8")})
+    return cases
+
+
+def main_family(name: str) -> int:
+    import llama_cpp
+
+    sys.path.insert(0, str(ROOT))
+    from colibri_lab.models import resolve
+
+    alias, same = FAMILIES[name]
+    model = resolve(alias, pull=True)
+    texts = family_strings(name)
+    cases = _tokenize_all(model, texts)
+    also = []
+    for other in same:
+        path = resolve(other, pull=True)
+        if _tokenize_all(path, texts) != cases:
+            raise SystemExit(f"{other} tokenizes differently from {alias}: give it its own fixture")
+        also.append({"model": path.name, "model_sha256": _sha256(path)})
+    bos_texts = ["", "Hello", " Hello", "<bos>Hello", "<|im_start|>user\nHi<|im_end|>\n",
+                 "<start_of_turn>user\nHi<end_of_turn>\n", "\n", "  x"]
+    result = {
+        "model": model.name,
+        "model_sha256": _sha256(model),
+        "same_ids": also,
+        "llama_cpp_python": llama_cpp.__version__,
+        "call": "Llama(path, vocab_only=True).tokenize(text.encode(), add_bos=False, special=True)",
+        "cases": cases,
+        # add_bos=True: BOS as the model's metadata asks (what the engine does for a plain prompt)
+        "bos_cases": _tokenize_all(model, bos_texts, add_bos=True),
+        "vocab": _vocab_facts(model, texts),
+        "variants": {},
+    }
+    if name == "gemma3-270m":
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "vocab-space-prefix.gguf"
+            _vocab_only_copy(model, copy, **{"tokenizer.ggml.add_space_prefix": True})
+            result["variants"]["add_space_prefix"] = _tokenize_all(copy, texts)
+        result["chat"] = _chat_cases_gemma()
+    out = FIXTURES / f"tokenize_{name}.json"
+    lines = ["{"]
+    for key in ("model", "model_sha256", "same_ids", "llama_cpp_python", "call"):
+        lines.append(f"  {json.dumps(key)}: {json.dumps(result[key], ensure_ascii=False)},")
+    for key in ("cases", "bos_cases"):
+        lines.append(f'  "{key}": [')
+        lines.append(",\n".join("    " + json.dumps(c, ensure_ascii=False) for c in result[key]))
+        lines.append("  ],")
+    if "chat" in result:
+        lines.append(f'  "chat": {json.dumps(result["chat"], ensure_ascii=False)},')
+    lines.append(f'  "vocab": {json.dumps(result["vocab"], ensure_ascii=False)},')
+    lines.append('  "variants": {')
+    body = []
+    for k, v in result["variants"].items():
+        body.append(f"    {json.dumps(k)}: [\n"
+                    + ",\n".join("      " + json.dumps(c, ensure_ascii=False) for c in v) + "\n    ]")
+    lines.append(",\n".join(body))
+    lines.append("  }")
+    lines.append("}")
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    json.loads(out.read_text(encoding="utf-8"))  # the hand-joined JSON must parse
+    print(f"wrote {len(texts)} strings to {out} (llama-cpp-python {llama_cpp.__version__})")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     import llama_cpp
 
+    if len(argv) > 1 and argv[1] in FAMILIES:
+        return main_family(argv[1])
     if len(argv) > 1:
         model = Path(argv[1])
     else:

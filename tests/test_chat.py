@@ -11,7 +11,7 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from colibri_lab.chat import render, template_from_metadata, validate_messages
+from colibri_lab.chat import BUILTIN_TEMPLATES, render, template_from_metadata, validate_messages
 from colibri_lab.errors import InvalidRequestError
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -174,3 +174,101 @@ def test_template_from_metadata():
     assert template_from_metadata({}) is None
     assert template_from_metadata({"tokenizer.chat_template": "x"}) == "x"
     assert template_from_metadata({"tokenizer.chat_template.tool_use": "t"}, "tool_use") == "t"
+    # a file without a template gets its family's built-in one
+    assert template_from_metadata({"general.architecture": "gemma3"}) == BUILTIN_TEMPLATES["gemma3"]
+    assert template_from_metadata({"general.architecture": "llama"}) is None
+    assert template_from_metadata({"general.architecture": "gemma3"}, "tool_use") is None
+
+
+# -- the real models' templates (Qwen2.5-Coder from its GGUF, Gemma built in) -----------
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def _real(alias: str):
+    """(metadata, tokenizer) of a registered model, read without loading its weights."""
+    from colibri_lab.gguf_header import read_header
+    from colibri_lab.models import resolve
+    from colibri_lab.tokenizer import Tokenizer
+
+    if alias not in _real_cache:
+        meta = read_header(resolve(alias), arrays=True)["metadata"]
+        _real_cache[alias] = (meta, Tokenizer.from_metadata(meta))
+    return _real_cache[alias]
+
+
+_real_cache: dict = {}
+
+
+def _render_like_engine(meta, tk, messages, **kw) -> str:
+    # Engine.apply_chat_template's arguments: the vocabulary's BOS / EOS texts
+    t = template_from_metadata(meta)
+    assert t is not None
+    return render(t, messages, bos_token=tk.id_to_token(tk.bos_id), eos_token=tk.id_to_token(tk.eos_id), **kw)
+
+
+@pytest.mark.realmodels
+@pytest.mark.parametrize("alias", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
+def test_qwen_template(alias):
+    meta, tk = _real(alias)
+    user = [{"role": "user", "content": "Write a function."}]
+    # no system message: the template's default system prompt
+    assert _render_like_engine(meta, tk, user) == (
+        f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n"
+        "<|im_start|>user\nWrite a function.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    convo = [{"role": "system", "content": "Only code."}] + user + [
+        {"role": "assistant", "content": "def f(): pass"}, {"role": "user", "content": "  again  "}]
+    assert _render_like_engine(meta, tk, convo, add_generation_prompt=False) == (
+        "<|im_start|>system\nOnly code.<|im_end|>\n"
+        "<|im_start|>user\nWrite a function.<|im_end|>\n"
+        "<|im_start|>assistant\ndef f(): pass<|im_end|>\n"
+        "<|im_start|>user\n  again  <|im_end|>\n"
+    )
+    # tools: listed in the system turn, as JSON
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    got = _render_like_engine(meta, tk, user, tools=tools)
+    assert got.startswith(f"<|im_start|>system\n{QWEN_SYSTEM}\n\n# Tools\n")
+    assert '\n<tools>\n{"type": "function", "function": {"name": "get_weather", "parameters": {}}}\n</tools>' in got
+    # tokenized as the engine does (add_special=False; qwen has no BOS anyway): markup is single ids
+    ids = tk.encode(_render_like_engine(meta, tk, user), add_special=False)
+    im_start, im_end = tk.token_to_id("<|im_start|>"), tk.token_to_id("<|im_end|>")
+    assert ids[0] == im_start and ids.count(im_start) == 3 and ids.count(im_end) == 2
+    assert tk.encode("x") == tk.encode("x", add_special=False)  # no BOS for qwen2
+    # chat stops on <|im_end|> and on <|endoftext|>
+    assert {im_end, tk.token_to_id("<|endoftext|>")} <= tk.eog_ids
+
+
+def _gemma_chat_cases():
+    import json
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "tokenize_gemma3-270m.json")
+                      .read_text(encoding="utf-8"))
+    return data["chat"]
+
+
+@pytest.mark.realmodels
+@pytest.mark.parametrize("case", _gemma_chat_cases(), ids=lambda c: f"{len(c['messages'])}msg-gen{int(c['add_generation_prompt'])}")
+def test_gemma_template_matches_llama_cpp(case):
+    # The fixture's text is llama.cpp's built-in "gemma" template (which leaves BOS
+    # to the tokenizer's add_bos); ours writes the BOS itself, so the prompt
+    # text is "<bos>" + llama.cpp's and the ids are llama.cpp's with add_bos.
+    meta, tk = _real("gemma3-270m")
+    assert "tokenizer.chat_template" not in meta  # the file has none: the built-in applies
+    got = _render_like_engine(meta, tk, case["messages"],
+                              add_generation_prompt=case["add_generation_prompt"])
+    assert got == "<bos>" + case["text"]
+    ids = tk.encode(got, add_special=False)  # as Engine.chat tokenizes
+    assert ids == tk.encode(case["text"]) and ids[0] == tk.bos_id and ids.count(tk.bos_id) == 1
+
+
+@pytest.mark.realmodels
+def test_gemma_turns_and_stops():
+    meta, tk = _real("gemma3-270m")
+    with pytest.raises(InvalidRequestError, match="alternate"):
+        _render_like_engine(meta, tk, [{"role": "assistant", "content": "first"}])
+    with pytest.raises(InvalidRequestError, match="alternate"):
+        _render_like_engine(meta, tk, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    # chat stops on <end_of_turn> and on <eos>
+    assert {tk.token_to_id("<end_of_turn>"), tk.token_to_id("<eos>")} <= tk.eog_ids
+    assert tk.add_bos and tk.bos_id == tk.token_to_id("<bos>")

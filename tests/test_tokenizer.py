@@ -33,6 +33,18 @@ def gguf_metadata(path) -> dict:
     return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
+def header_metadata(path) -> dict:
+    """The same dict from colibri_lab.gguf_header (pure Python, no engine): the
+    gguf package takes tens of seconds over a 262,144-token vocabulary."""
+    from colibri_lab.gguf_header import read_header
+
+    return read_header(path, arrays=True)["metadata"]
+
+
+def test_header_reader_gives_what_gguf_gives(meta):
+    assert header_metadata(smollm2_path()) == meta
+
+
 def smollm2_path() -> Path:
     env = os.environ.get("COLIBRI_LAB_SMOLLM2")
     if env:
@@ -239,7 +251,11 @@ def test_unknown_pre_is_named():
 
 
 def test_unsupported_tokenizer_model():
-    with pytest.raises(UnsupportedModelError, match="'llama'"):
+    for model in ("t5", "bert", "rwkv"):  # UGM, WPM, RWKV vocabularies
+        with pytest.raises(UnsupportedModelError, match="'llama' SentencePiece"):
+            Tokenizer.from_metadata(_tiny_meta(**{"tokenizer.ggml.model": model}))
+    # a SentencePiece vocabulary needs its scores (the merge priorities)
+    with pytest.raises(ModelLoadError, match="scores"):
         Tokenizer.from_metadata(_tiny_meta(**{"tokenizer.ggml.model": "llama"}))
 
 
@@ -273,3 +289,242 @@ def test_engine_metadata_builds_the_same_tokenizer(meta, fixture_data):
     tk = Tokenizer.from_metadata(engine_meta)
     bad = _mismatches(tk, fixture_data["cases"])
     assert not bad, "\n".join(bad[:5])
+
+
+# -- SentencePiece-style vocabularies (tokenizer.ggml.model = "llama") ------------------
+
+
+def _spm_reference(text: str, tokens: list[str], scores: list[float]) -> list[int]:
+    """llama.cpp's llm_tokenizer_spm_session, transcribed: the highest-scoring
+    adjacent pair whose concatenation is a token is joined first (ties: leftmost),
+    and a symbol that is not a token becomes <0xXX> byte tokens."""
+    import heapq
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    text = text.replace(" ", "\u2581")
+    sym = list(text)  # symbol texts; "" once merged into its left neighbour
+    nxt = list(range(1, len(sym))) + [-1]
+    prv = list(range(-1, len(sym) - 1))
+    heap: list = []
+
+    def add(left: int, right: int) -> None:
+        if left < 0 or right < 0:
+            return
+        t = sym[left] + sym[right]
+        if t in vocab:
+            heapq.heappush(heap, (-scores[vocab[t]], left, right, len(t)))
+
+    for i in range(1, len(sym)):
+        add(i - 1, i)
+    while heap:
+        _, left, right, size = heapq.heappop(heap)
+        if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != size:
+            continue
+        sym[left] += sym[right]
+        sym[right] = ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prv[nxt[right]] = left
+        add(prv[left], left)
+        add(left, nxt[left])
+    out, i = [], 0 if sym else -1
+    while i != -1:
+        t = sym[i]
+        if t in vocab:
+            out.append(vocab[t])
+        else:
+            out += [vocab[f"<0x{b:02X}>"] for b in t.encode("utf-8")]
+        i = nxt[i]
+    return out
+
+
+def _spm_meta(tokens, scores, types=None, **extra) -> dict:
+    meta = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types or [1] * len(tokens),
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+    meta.update(extra)
+    return meta
+
+
+def _random_spm_vocab(rng, alphabet: str, n_pieces: int):
+    """Bytes, the alphabet, then pieces grown from existing ones (as SentencePiece
+    BPE training does), each with its own score."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces = list(alphabet)
+    while len(pieces) < len(alphabet) + n_pieces:
+        p = rng.choice(pieces) + rng.choice(pieces)
+        if p not in pieces and len(p) <= 6:
+            pieces.append(p)
+    for p in pieces:
+        tokens.append(p)
+        types.append(1)
+        scores.append(-rng.random() * 1000)
+    return tokens, scores, types
+
+
+def test_spm_matches_llama_cpp_algorithm_on_random_vocabularies():
+    import random
+
+    rng = random.Random(1234)
+    alphabet = "ab\u2581c"
+    for trial in range(20):
+        tokens, scores, types = _random_spm_vocab(rng, alphabet, 40)
+        tk = Tokenizer.from_metadata(_spm_meta(tokens, scores, types))
+        for _ in range(60):
+            text = "".join(rng.choice("ab cdé") for _ in range(rng.randrange(0, 24)))
+            want = _spm_reference(text, tokens, scores)
+            assert tk.encode(text, add_special=False) == want, (trial, text)
+            assert tk.decode(want) == text
+
+
+def test_spm_tiny_vocab():
+    tokens = ["<unk>", "<bos>", "<eos>", "<end_of_turn>"] + [f"<0x{b:02X}>" for b in range(256)] + \
+        ["a", "b", "\u2581", "ab", "\u2581a", "\u2581ab", "<b>", "\n"]
+    types = [2, 3, 3, 3] + [6] * 256 + [1] * 6 + [4, 4]
+    scores = [0.0] * 260 + [-10.0, -11.0, -12.0, -1.0, -5.0, -2.0, 0.0, 0.0]
+    meta = _spm_meta(tokens, scores, types, **{"tokenizer.ggml.bos_token_id": 1,
+                                               "tokenizer.ggml.eos_token_id": 2,
+                                               "tokenizer.ggml.add_bos_token": True})
+    tk = Tokenizer.from_metadata(meta)
+    piece = lambda ids: [tokens[i] for i in ids]  # noqa: E731
+    assert piece(tk.encode("ab ab", add_special=False)) == ["ab", "\u2581ab"]
+    assert piece(tk.encode("ab ab")) == ["<bos>", "ab", "\u2581ab"]  # add_bos_token
+    # "é" is no token: its two UTF-8 bytes, as byte tokens
+    assert piece(tk.encode("aé", add_special=False)) == ["a", "<0xC3>", "<0xA9>"]
+    assert tk.decode(tk.encode("aé")) == "<bos>aé" and tk.decode(tk.encode("aé"), skip_special=True) == "aé"
+    assert tk.decode(tk.encode("aé", add_special=False)[:2]) == "a\ufffd"
+    # user-defined tokens are split out of the text whatever parse_special says
+    assert piece(tk.encode("a<b>\nb", add_special=False, parse_special=False)) == ["a", "<b>", "\n", "b"]
+    assert piece(tk.encode("<end_of_turn>", add_special=False)) == ["<end_of_turn>"]
+    assert "<end_of_turn>" not in piece(tk.encode("<end_of_turn>", add_special=False, parse_special=False))
+    assert tk.eog_ids == {2, 3}
+    assert tk.token_to_piece(tokens.index("\u2581ab")) == b" ab"
+    assert tk.token_to_piece(tokens.index("<0xC3>")) == b"\xc3"
+    assert tk.token_to_piece(3) == b"<end_of_turn>" and tk.token_to_piece(3, special=False) == b""
+    # add_space_prefix (llama.cpp's default for SentencePiece vocabularies) starts
+    # every stretch of text, also after a special token, with a space
+    tk2 = Tokenizer.from_metadata({**meta, "tokenizer.ggml.add_space_prefix": True})
+    assert piece(tk2.encode("ab<end_of_turn>ab", add_special=False)) == \
+        ["\u2581ab", "<end_of_turn>", "\u2581ab"]
+
+
+# -- the real models' vocabularies against llama.cpp -----------------------------------
+
+FAMILIES = {
+    # fixture file -> (alias recorded, other aliases with the same vocabulary, model, pre)
+    "qwen2.5-coder": ("qwen2.5-coder-1.5b", ("qwen2.5-coder-0.5b",), "gpt2", "qwen2"),
+    "gemma3-270m": ("gemma3-270m", (), "llama", "default"),
+}
+_family_cache: dict = {}
+
+
+def _family(name: str):
+    """(fixture data, metadata, tokenizer) of a family's recorded model (cached)."""
+    if name not in _family_cache:
+        from colibri_lab.models import resolve
+
+        data = json.loads((FIXTURE.parent / f"tokenize_{name}.json").read_text(encoding="utf-8"))
+        path = resolve(FAMILIES[name][0])  # sha256-checked against the registry
+        if path.name != data["model"]:
+            pytest.fail(f"{path} is not the model the fixture was recorded from ({data['model']})")
+        meta = header_metadata(path)
+        _family_cache[name] = (data, meta, Tokenizer.from_metadata(meta))
+    return _family_cache[name]
+
+
+family = pytest.mark.parametrize("name", list(FAMILIES))
+
+
+@pytest.mark.realmodels
+@family
+def test_family_fixture_is_large_and_varied(name):
+    data, meta, tk = _family(name)
+    _, _, model, pre = FAMILIES[name]
+    assert (meta["tokenizer.ggml.model"], meta["tokenizer.ggml.pre"]) == (model, pre)
+    assert tk.model == model
+    cases = data["cases"]
+    assert len(cases) >= 200
+    texts = [c["text"] for c in cases]
+    assert "" in texts and any("\u200d" in t for t in texts) and any("中" in t for t in texts)
+    assert any(t.strip() == "" and len(t) > 8 for t in texts)  # whitespace runs
+    assert any("def " in t for t in texts)
+    ids = {i for c in cases for i in c["ids"]}
+    assert ids & set(data["vocab"]["control"])  # chat markup became single control ids
+    assert len(data["vocab"]["pieces"]) > 1000
+
+
+@pytest.mark.realmodels
+@family
+def test_family_ids_match_llama_cpp(name):
+    data, _, tk = _family(name)
+    bad = _mismatches(tk, data["cases"])
+    assert not bad, f"{name}: {len(bad)} mismatches, first: " + "\n".join(bad[:5])
+    plain = data["vocab"]["plain_cases"]
+    assert plain
+    bad = _mismatches(tk, plain, parse_special=False)
+    assert not bad, f"{name} parse_special=False: " + "\n".join(bad[:5])
+
+
+@pytest.mark.realmodels
+@family
+def test_family_bos_as_the_model_asks(name):
+    # add_bos=True in llama.cpp = our default add_special=None: gemma prepends <bos>, qwen does not
+    data, meta, tk = _family(name)
+    for c in data["bos_cases"]:
+        assert tk.encode(c["text"]) == c["ids"], c["text"]
+    assert tk.add_bos == (name == "gemma3-270m")
+
+
+@pytest.mark.realmodels
+@family
+def test_family_vocab_facts_match_llama_cpp(name):
+    data, _, tk = _family(name)
+    v = data["vocab"]
+    assert tk.n_vocab == v["n_vocab"]
+    assert (tk.bos_id, tk.eos_id) == (v["bos"], v["eos"])
+    assert sorted(tk.eog_ids) == v["eog"]
+    assert sorted(tk.special_ids) == v["control"]
+    for i, with_special, plain in v["pieces"]:
+        assert tk.token_to_piece(i, special=True).hex() == with_special, i
+        assert tk.token_to_piece(i, special=False).hex() == plain, i
+
+
+@pytest.mark.realmodels
+@family
+def test_family_decode_round_trip(name):
+    data, _, tk = _family(name)
+    for c in data["cases"]:
+        s = c["text"]
+        if tk.model == "llama" and "\u2581" in s:
+            continue  # a literal U+2581 is SentencePiece's space: it decodes as " "
+        assert tk.decode(c["ids"]) == s
+        assert b"".join(tk.token_to_piece(i) for i in c["ids"]) == s.encode("utf-8")
+
+
+@pytest.mark.realmodels
+def test_gemma_add_space_prefix_variant_matches_llama_cpp():
+    data, meta, _ = _family("gemma3-270m")
+    tk = Tokenizer.from_metadata({**meta, "tokenizer.ggml.add_space_prefix": True})
+    cases = data["variants"]["add_space_prefix"]
+    bad = _mismatches(tk, cases)
+    assert not bad, f"{len(bad)} mismatches, first: " + "\n".join(bad[:5])
+    assert any(a["ids"] != b["ids"] for a, b in zip(cases, data["cases"]))
+
+
+@pytest.mark.realmodels
+def test_qwen_0_5b_has_the_same_vocabulary():
+    from colibri_lab.models import resolve
+
+    data, meta, tk = _family("qwen2.5-coder")
+    assert [d["model"] for d in data["same_ids"]] == [resolve("qwen2.5-coder-0.5b").name]
+    meta05 = header_metadata(resolve("qwen2.5-coder-0.5b"))
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        assert meta05[key] == meta[key], key
