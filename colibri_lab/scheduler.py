@@ -20,10 +20,15 @@ from colibri_lab.errors import (
     ColibriError,
     ContextLengthExceededError,
     EngineError,
+    InvalidRequestError,
     QueueFullError,
 )
 
 _CONTEXT_STATUS = -7  # CB_ERR_CONTEXT
+# statuses of an error event that the request itself caused (its grammar hit a
+# dead end or outgrew the matcher's limits): the client's fault, not the engine's
+_REQUEST_STATUSES = (-2, -3, -5)  # CB_ERR_FORMAT, CB_ERR_UNSUPPORTED, CB_ERR_ARG
+_DRAIN_WINDOW_S = 60.0  # Retry-After is computed from completions in this window
 
 
 @dataclass
@@ -82,8 +87,12 @@ class RequestHandle:
             self.metrics = ev["metrics"]
         elif ev["type"] == "error":
             msg = ev["message"]
-            cls = ContextLengthExceededError if ev.get("status") == _CONTEXT_STATUS else EngineError
+            st = ev.get("status")
+            cls = (ContextLengthExceededError if st == _CONTEXT_STATUS else
+                   InvalidRequestError if st in _REQUEST_STATUSES else EngineError)
             self.error = cls(msg)
+        if ev["type"] in ("done", "error") and not self._done.is_set():
+            self._scheduler._release()
         self._events.put(ev)
         if ev["type"] in ("done", "error"):
             self._done.set()
@@ -104,6 +113,8 @@ class Scheduler:
         self._to_cancel: list[RequestHandle] = []
         self._calls: list[tuple] = []  # (fn, done Event, result box) run on the owner thread
         self._conversation_slot: dict[str, int] = {}
+        self._done_times: collections.deque[float] = collections.deque(maxlen=256)  # drain-rate window
+        self._outstanding = 0   # submitted and not yet finished (queued in Python or C, or running)
         self._cv = threading.Condition()
         self._closed = False
         self.step_log: collections.deque[dict] = collections.deque(maxlen=step_log_size)
@@ -118,12 +129,62 @@ class Scheduler:
         with self._cv:
             if self._closed:
                 raise ColibriError("scheduler is closed")
-            waiting = len(self._incoming) + max(0, self._core_pending_unadmitted())
-            if waiting >= self._max_queue:
-                raise QueueFullError(f"queue full: {waiting} requests waiting (max_queue={self._max_queue}); retry later")
+            self._check_room(1)
             self._incoming.append(_Pending(list(tokens), params, handle, conversation))
+            self._outstanding += 1
             self._cv.notify()
         return handle
+
+    def admit(self, n: int) -> None:
+        """Check that n requests submitted now would all be accepted (a request
+        with n choices): raises InvalidRequestError when n could never fit
+        (more than the slots plus the whole queue), QueueFullError (with a
+        `retry_after` in seconds) when they do not fit now."""
+        if n > self._n_slots + self._max_queue:
+            raise InvalidRequestError(f"{n} sequences can never be scheduled: the server runs {self._n_slots} at once "
+                                      f"and queues at most {self._max_queue} more")
+        with self._cv:
+            self._check_room(n)
+
+    @property
+    def n_waiting(self) -> int:
+        """Requests that will not get a slot at the next step (submitted but beyond the free slots)."""
+        with self._cv:
+            return self._waiting_locked()
+
+    @property
+    def n_running(self) -> int:
+        """Requests holding (or about to take) a KV slot."""
+        with self._cv:
+            return min(self._outstanding, self._n_slots)
+
+    def _waiting_locked(self) -> int:
+        # a request waits only when no slot is free for it: everything in flight
+        # (handed to C or about to be) beyond the slots is waiting
+        return max(0, self._outstanding - self._n_slots)
+
+    def _release(self) -> None:
+        with self._cv:
+            self._outstanding -= 1
+            self._done_times.append(time.perf_counter())
+
+    def _check_room(self, n: int) -> None:
+        waiting = self._waiting_locked()
+        over = self._outstanding + n - self._n_slots - self._max_queue
+        if over > 0:
+            err = QueueFullError(f"queue full: {waiting} requests waiting (max_queue={self._max_queue}); retry later")
+            err.retry_after = self._retry_after_locked(over)
+            raise err
+
+    def _retry_after_locked(self, ahead: int) -> int:
+        """Seconds until `ahead` more requests will have finished, at the completion
+        rate measured over the last minute (1 s when nothing finished yet)."""
+        now = time.perf_counter()
+        times = [t for t in self._done_times if now - t <= _DRAIN_WINDOW_S]
+        if len(times) < 2 or times[-1] <= times[0]:
+            return 1
+        rate = (len(times) - 1) / max(times[-1] - times[0], now - times[-1], 1e-3)
+        return max(1, min(300, int(-(-ahead // rate))))
 
     @property
     def queue_depth(self) -> int:
@@ -165,10 +226,6 @@ class Scheduler:
         self._thread.join(timeout)
 
     # ----------------------------------------------------------- internals
-    def _core_pending_unadmitted(self) -> int:
-        # requests handed to C but not yet holding a slot count as queued too
-        return len(self._active) - self._n_slots
-
     def _cancel(self, handle: RequestHandle) -> None:
         with self._cv:
             self._to_cancel.append(handle)
@@ -246,6 +303,7 @@ class Scheduler:
             rid = self._core.submit(p.tokens, **params)
         except Exception as exc:
             p.handle.error = exc
+            self._release()
             p.handle._events.put({"type": "error", "id": None, "status": -5, "message": str(exc)})
             p.handle._done.set()
             return

@@ -301,8 +301,8 @@ def test_health_profile_experts_metrics(server, client):
                  "prefix_cache_hits_total", "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
                  "spec_decode_num_accepted_tokens_total", "prompt_tokens_total", "generation_tokens_total",
                  "request_success_total", "num_requests_running", "num_requests_waiting"):
-        assert f"colibri:{name}" in text, name
-    gen = [ln for ln in text.splitlines() if ln.startswith("colibri:generation_tokens_total")]
+        assert f"vllm:{name}" in text, name
+    gen = [ln for ln in text.splitlines() if ln.startswith("vllm:generation_tokens_total")]
     assert int(gen[0].split()[-1]) >= 2
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from colibri_lab.engine import _Utf8Stream
-from colibri_lab.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
+from colibri_lab.errors import (ContextLengthExceededError, InvalidRequestError, ModelLoadError, QueueFullError)
 
 from .common import ApiError
 
@@ -56,20 +56,31 @@ def map_engine_error(exc: Exception) -> ApiError:
     if isinstance(exc, ContextLengthExceededError):
         return ApiError(400, str(exc), code="context_length_exceeded", param="messages")
     if isinstance(exc, QueueFullError):
-        return ApiError(429, str(exc), headers={"Retry-After": "1"})
+        return ApiError(429, str(exc), code="queue_full",
+                        headers={"Retry-After": str(getattr(exc, "retry_after", 1))})
     if isinstance(exc, InvalidRequestError):
         return ApiError(400, str(exc))
+    if isinstance(exc, ModelLoadError):
+        # raised by a submit only for what the request asked for (a grammar the
+        # matcher cannot hold: "unsupported"), never for the loaded model
+        return ApiError(400, str(exc), code="unsupported")
     return ApiError(500, f"generation failed: {exc}")
 
 
 class Generation:
-    def __init__(self, engine, specs: list[Spec], on_done: Callable[[dict], None]):
+    def __init__(self, engine, specs: list[Spec], on_done: Callable[[dict, list], None]):
         self.engine = engine
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.results: dict[int, ChoiceResult] = {}
         self.handles = []
         self._on_done = on_done
         submitted = []
+        try:
+            engine.scheduler.admit(len(specs))
+        except InvalidRequestError as e:   # more choices than could ever be scheduled
+            raise ApiError(400, str(e), param="n", code="too_many_choices") from None
+        except QueueFullError as e:
+            raise map_engine_error(e) from None
         try:
             for s in specs:
                 ids, handle, stops = engine.submit(s.prompt_ids, **s.kwargs)
@@ -96,10 +107,12 @@ class Generation:
         dec = _Utf8Stream(r.stops)
         model = self.engine.model
         offs = []   # byte offset where each token starts
+        times = []  # when each token arrived (inter-token latency: the true gaps)
         try:
             for ev in handle:
                 t = ev["type"]
                 if t == "token":
+                    times.append(time.perf_counter())
                     b = model.token_bytes(ev["token"])
                     offs.append(len(dec.buf))
                     r.tokens.append(ev["token"])
@@ -124,7 +137,7 @@ class Generation:
                     r.finish_reason = m["finish_reason"]
                     r.metrics = m
                     try:
-                        self._on_done(m)
+                        self._on_done(m, [b - a for a, b in zip(times, times[1:])])
                     except Exception:
                         pass
                     self.q.put((r.index, {"text": tail, "done": True, "finish_reason": m["finish_reason"],

@@ -1,10 +1,13 @@
 """Server-side counters and histograms, rendered as Prometheus text with
-vLLM-style names (prefix `colibri:`), and the /profile window.
+vLLM's metric names and types (prefix `vllm:`, so dashboards and tools that
+read a vLLM server read this one), and the /profile window.
 
 Every finished request (HTTP-submitted, including cancelled ones) is recorded
 once, from its engine metrics (DESIGN.md names).  Inter-token latency is
-observed as the request's mean time per output token (tpot_ms), once per
-inter-token gap, because per-token timestamps are not kept.
+observed once per gap between two consecutive tokens as the server received
+them (tokens accepted together from one speculative step have a gap of 0),
+not as a request's mean.  Series that are the server's own (HTTP responses,
+connections) carry the `colibri:` prefix.
 """
 from __future__ import annotations
 
@@ -13,12 +16,14 @@ import statistics
 import threading
 import time
 
-PREFIX = "colibri:"
+PREFIX = "vllm:"
+OWN = "colibri:"
 
 _LAT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
                 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                 240.0, 480.0, 960.0)
 
@@ -43,14 +48,16 @@ class Histogram:
         self.sum += v * n
         self.count += n
 
-    def render(self, name: str, out: list) -> None:
+    def render(self, name: str, out: list, labels: str = "") -> None:
         acc = 0
+        pre = labels + "," if labels else ""
+        tail = "{" + labels + "}" if labels else ""
         for b, c in zip(self.buckets, self.counts):
             acc += c
-            out.append(f'{name}_bucket{{le="{b}"}} {acc}')
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {self.sum:.6f}")
-        out.append(f"{name}_count {self.count}")
+            out.append(f'{name}_bucket{{{pre}le="{b}"}} {acc}')
+        out.append(f'{name}_bucket{{{pre}le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum{tail} {self.sum:.6f}")
+        out.append(f"{name}_count{tail} {self.count}")
 
 
 class Metrics:
@@ -63,6 +70,10 @@ class Metrics:
         self.itl = Histogram(_ITL_BUCKETS)
         self.e2e = Histogram(_E2E_BUCKETS)
         self.queue = Histogram(_LAT_BUCKETS)
+        self.prefill = Histogram(_E2E_BUCKETS)
+        self.decode = Histogram(_E2E_BUCKETS)
+        self.req_prompt = Histogram(_TOKEN_BUCKETS)
+        self.req_gen = Histogram(_TOKEN_BUCKETS)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.prefix_queries = 0       # prompt tokens looked up in the prefix cache
@@ -75,7 +86,9 @@ class Metrics:
         self.http = collections.Counter()       # (endpoint, status) -> responses
         self.window: collections.deque = collections.deque(maxlen=self.PROFILE_WINDOW)
 
-    def record(self, m: dict) -> None:
+    def record(self, m: dict, gaps=None) -> None:
+        """One finished request: its engine metrics and, when known, the seconds
+        between its consecutive tokens (n_tokens - 1 gaps)."""
         with self.lock:
             n_out = int(m.get("completion_tokens", 0))
             self.prompt_tokens += int(m.get("prompt_tokens", 0))
@@ -90,29 +103,38 @@ class Metrics:
             self.finished[m.get("finish_reason", "unknown")] += 1
             if n_out > 0:
                 self.ttft.observe(float(m.get("ttft_ms", 0.0)) / 1e3)
-            if n_out > 1:
+            if gaps is not None:
+                for g in gaps:
+                    self.itl.observe(g)
+            elif n_out > 1:   # a caller without token times: the request's mean gap
                 self.itl.observe(float(m.get("tpot_ms", 0.0)) / 1e3, n_out - 1)
             self.e2e.observe(float(m.get("e2e_ms", 0.0)) / 1e3)
             self.queue.observe(float(m.get("queue_ms", 0.0)) / 1e3)
+            self.prefill.observe(float(m.get("prefill_ms", 0.0)) / 1e3)
+            self.decode.observe(float(m.get("decode_ms", 0.0)) / 1e3)
+            self.req_prompt.observe(int(m.get("prompt_tokens", 0)))
+            self.req_gen.observe(n_out)
             self.window.append(dict(m, t=time.time()))
 
     def count_http(self, endpoint: str, status: int) -> None:
         with self.lock:
             self.http[(endpoint, status)] += 1
 
-    def render(self, running: int, waiting: int, model: str) -> str:
+    def render(self, running: int, waiting: int, model: str, n_slots: int = 0, conns: dict | None = None) -> str:
         out: list[str] = []
         lab = f'model_name="{_esc(model)}"'
 
-        def head(name, kind, help_):
-            out.append(f"# HELP {PREFIX}{name} {help_}")
-            out.append(f"# TYPE {PREFIX}{name} {kind}")
+        def head(name, kind, help_, prefix=PREFIX):
+            out.append(f"# HELP {prefix}{name} {help_}")
+            out.append(f"# TYPE {prefix}{name} {kind}")
 
         with self.lock:
             head("num_requests_running", "gauge", "Requests holding a KV slot.")
             out.append(f"{PREFIX}num_requests_running{{{lab}}} {running}")
             head("num_requests_waiting", "gauge", "Requests waiting for a slot.")
             out.append(f"{PREFIX}num_requests_waiting{{{lab}}} {waiting}")
+            head("kv_cache_usage_perc", "gauge", "Fraction of KV slots in use (0-1).")
+            out.append(f"{PREFIX}kv_cache_usage_perc{{{lab}}} {running / n_slots if n_slots else 0.0}")
             for name, val, help_ in (
                 ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens processed (cached included)."),
                 ("generation_tokens_total", self.generation_tokens, "Tokens generated."),
@@ -135,15 +157,27 @@ class Metrics:
                            f"{self.finished.get(reason, 0)}")
             for name, h, help_ in (
                 ("time_to_first_token_seconds", self.ttft, "Time to first token (from submit)."),
-                ("inter_token_latency_seconds", self.itl, "Inter-token latency (request mean per gap)."),
+                ("inter_token_latency_seconds", self.itl, "Time between two consecutive tokens of a request."),
                 ("e2e_request_latency_seconds", self.e2e, "End-to-end request latency."),
                 ("request_queue_time_seconds", self.queue, "Time waiting for a slot."),
+                ("request_prefill_time_seconds", self.prefill, "Time spent prefilling the prompt."),
+                ("request_decode_time_seconds", self.decode, "Time spent decoding."),
+                ("request_prompt_tokens", self.req_prompt, "Prompt tokens per request."),
+                ("request_generation_tokens", self.req_gen, "Generated tokens per request."),
             ):
                 head(name, "histogram", help_)
-                h.render(PREFIX + name, out)
-            head("http_responses_total", "counter", "HTTP responses by endpoint and status.")
+                h.render(PREFIX + name, out, lab)
+            head("http_responses_total", "counter", "HTTP responses by endpoint and status.", OWN)
             for (ep, st), c in sorted(self.http.items()):
-                out.append(f'{PREFIX}http_responses_total{{endpoint="{_esc(ep)}",status="{st}"}} {c}')
+                out.append(f'{OWN}http_responses_total{{endpoint="{_esc(ep)}",status="{st}"}} {c}')
+            for key, kind, help_ in (("open", "gauge", "Open connections."),
+                                     ("evicted_idle", "counter", "Idle keep-alive connections closed at the cap."),
+                                     ("evicted_slow", "counter", "Slow senders closed at the cap."),
+                                     ("refused", "counter", "Connections refused beyond the cap and its reserve.")):
+                if conns is not None:
+                    name = "connections_" + key + ("_total" if kind == "counter" else "")
+                    head(name, kind, help_, OWN)
+                    out.append(f"{OWN}{name} {conns[key]}")
         return "\n".join(out) + "\n"
 
     def profile(self, steps: list[dict]) -> dict:
