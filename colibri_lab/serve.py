@@ -13,6 +13,19 @@ Security defaults: binds 127.0.0.1; refuses any non-loopback address without
 an API key (--api-key or COLIBRI_LAB_API_KEY); checks the Host header
 against DNS rebinding (--allowed-host to add names); no CORS origins unless
 --cors-origin; bodies over 4 MiB are refused.
+
+Limits (see colibri_lab/server/limits.py): one global connection cap; at the
+cap the longest-idle keep-alive connection is closed first, then the client
+that has been sending its request longest, and /health is still answered;
+every request's head and body must arrive within --request-timeout (408
+otherwise), no single read waits longer than --read-timeout, an idle
+keep-alive connection is closed after --idle-timeout.  JSON Schemas are
+bounded before conversion (256 KiB, 20,000 nodes, 64 levels, 1,024 enum
+values, 256 alternatives per anyOf/oneOf/allOf) and converted in a child
+process stopped after --convert-timeout or when the client leaves; a GBNF
+grammar is at most 256 KiB.  A request waits only when no KV slot is free;
+past --max-queue waiting sequences it gets 429 with a Retry-After measured
+from the completion rate.
 """
 from __future__ import annotations
 
@@ -23,6 +36,7 @@ import sys
 import threading
 
 from colibri_lab.server import Server, ServerConfigError, is_loopback  # noqa: F401
+from colibri_lab.server.limits import Limits
 
 __all__ = ["Server", "ServerConfigError", "add_arguments", "run", "main"]
 
@@ -45,7 +59,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra Host header value to accept (repeatable; '*' disables the check)")
     p.add_argument("--model-id", default=None, help="model name reported in /v1/models (default: alias or file stem)")
     p.add_argument("--max-body", type=int, default=4 << 20, help="request body limit in bytes (default 4 MiB)")
-    p.add_argument("--max-conns-per-ip", type=int, default=64, help="concurrent connections per client IP")
+    d = Limits()
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help=f"open connections, all clients together (default {d.max_connections}); at the cap the "
+                        f"longest-idle keep-alive connection, then the slowest sender, is closed; /health is "
+                        f"answered on {d.health_reserve} more")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
+                   help=f"seconds for a request's whole head and body to arrive (default {d.request_timeout_s:g}; "
+                        f"408 after)")
+    p.add_argument("--read-timeout", type=float, default=d.read_timeout_s,
+                   help=f"seconds one read may wait (default {d.read_timeout_s:g})")
+    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s,
+                   help=f"seconds a keep-alive connection may wait for its next request (default "
+                        f"{d.idle_timeout_s:g})")
+    p.add_argument("--convert-timeout", type=float, default=d.convert_timeout_s,
+                   help=f"seconds a JSON Schema conversion may run (default {d.convert_timeout_s:g}; 400 after)")
     p.add_argument("--keepalive", type=float, default=15.0, help="SSE keep-alive comment after this many idle seconds")
     p.add_argument("--log-requests", action="store_true", help="log each request to stderr")
 
@@ -56,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         srv = Server(None, args.host, args.port, api_key=api_key, model_id=args.model_id,
                      cors_origins=args.cors_origin, allowed_hosts=args.allowed_host, max_body_bytes=args.max_body,
-                     keepalive_s=args.keepalive, max_conns_per_ip=args.max_conns_per_ip,
-                     log_requests=args.log_requests)
+                     keepalive_s=args.keepalive, log_requests=args.log_requests,
+                     max_connections=args.max_connections, request_timeout_s=args.request_timeout,
+                     read_timeout_s=args.read_timeout, idle_timeout_s=args.idle_timeout,
+                     convert_timeout_s=args.convert_timeout)
         srv._bind()
     except ServerConfigError as e:
         print(f"colibri-lab serve: {e}", file=sys.stderr)
@@ -100,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m colibri_lab.serve", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m colibri_lab.serve", description=__doc__.split("\n")[0],
+                                 epilog=__doc__[__doc__.index("Security defaults"):],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     return run(ap.parse_args(argv))
 

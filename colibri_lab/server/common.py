@@ -14,6 +14,8 @@ import secrets
 import time
 from typing import Any, Iterable, Mapping
 
+from . import convert
+
 __all__ = ["ApiError", "Body", "new_id", "usage_openai", "timings", "grammar_support"]
 
 
@@ -23,11 +25,12 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, kind: str | None = None, param: str | None = None,
                  code: str | None = None, headers: Mapping[str, str] | None = None):
+        message = safe_text(message)
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind or _DEFAULT_KIND.get(status, "api_error")
-        self.param = param
+        self.param = safe_text(param) if param is not None else None
         self.code = code
         self.headers = dict(headers or {})
 
@@ -41,14 +44,69 @@ class ApiError(Exception):
 
 _DEFAULT_KIND = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-    429: "rate_limit_error", 500: "server_error", 503: "service_unavailable",
+    404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+    411: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
+    431: "invalid_request_error", 500: "server_error", 501: "invalid_request_error",
+    503: "service_unavailable", 505: "invalid_request_error",
 }
 _ANTHROPIC_KIND = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+    404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+    411: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
+    431: "invalid_request_error", 500: "api_error", 501: "invalid_request_error",
+    503: "overloaded_error", 505: "invalid_request_error",
 }
+
+
+def safe_text(s: str) -> str:
+    """`s` with lone surrogates escaped (\\udXXX), so it always encodes as UTF-8:
+    error messages echo what the client sent."""
+    s = str(s)
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_text(data: Any) -> None:
+    """The door check on a parsed JSON body: every string (keys included) must be
+    valid Unicode (JSON lets a client send a lone surrogate such as "\\ud800",
+    which no tokenizer or UTF-8 encoder takes), and nesting is bounded.  A 400
+    names the first offending field."""
+    from .limits import MAX_JSON_DEPTH
+    stack = [(data, "", 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        if isinstance(v, str):
+            if not _valid(v):
+                raise bad(f"{path or 'the request body'} contains invalid Unicode (a lone surrogate)",
+                          param=path or None, code="invalid_unicode")
+        elif isinstance(v, dict):
+            if depth >= MAX_JSON_DEPTH:
+                raise bad(f"{path or 'the request body'} is nested deeper than {MAX_JSON_DEPTH} levels",
+                          param=path or None)
+            kids = []
+            for k, x in v.items():
+                p = f"{path}.{k}" if path else str(k)
+                if not _valid(k):
+                    raise bad(f"a field name in {path or 'the request body'} contains invalid Unicode "
+                              f"(a lone surrogate): {safe_text(k)[:64]}", param=safe_text(p), code="invalid_unicode")
+                kids.append((x, p, depth + 1))
+            stack.extend(reversed(kids))   # depth first, in document order
+        elif isinstance(v, list):
+            if depth >= MAX_JSON_DEPTH:
+                raise bad(f"{path or 'the request body'} is nested deeper than {MAX_JSON_DEPTH} levels",
+                          param=path or None)
+            stack.extend((v[i], f"{path}[{i}]", depth + 1) for i in range(len(v) - 1, -1, -1))
+
+
+def _valid(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -237,17 +295,54 @@ def require_grammar(engine, param: str) -> None:
                   param=param)
 
 
-def schema_grammar(engine, schema: Any, param: str) -> str:
+def check_schema_limits(schema: Any, param: str) -> None:
+    """Refuse, before any conversion runs, a schema larger than the server
+    converts (limits.py): conversion cost grows faster than linearly in enum
+    and alternative counts, so a 4 MiB body could otherwise buy minutes of CPU."""
+    from . import limits as L
+    size = len(json.dumps(schema, ensure_ascii=False))
+    if size > L.MAX_SCHEMA_BYTES:
+        raise bad(f"{param}: the schema is {size} bytes; the limit is {L.MAX_SCHEMA_BYTES}", param=param,
+                  code="schema_too_large")
+    nodes = 0
+    stack = [(schema, "", 0)]
+    while stack:
+        v, ptr, depth = stack.pop()
+        nodes += 1
+        if nodes > L.MAX_SCHEMA_NODES:
+            raise bad(f"{param}: the schema has more than {L.MAX_SCHEMA_NODES} values", param=param,
+                      code="schema_too_large")
+        if depth > L.MAX_SCHEMA_DEPTH:
+            raise bad(f"{param}: the schema nests deeper than {L.MAX_SCHEMA_DEPTH} levels (at {ptr or '/'})",
+                      param=param, code="schema_too_large")
+        if isinstance(v, dict):
+            for key, limit, what in (("enum", L.MAX_ENUM, "values"), ("anyOf", L.MAX_ALTERNATIVES, "alternatives"),
+                                     ("oneOf", L.MAX_ALTERNATIVES, "alternatives"),
+                                     ("allOf", L.MAX_ALTERNATIVES, "subschemas"),
+                                     ("prefixItems", L.MAX_ALTERNATIVES, "items")):
+                x = v.get(key)
+                if isinstance(x, list) and len(x) > limit:
+                    raise bad(f"{param}: {key} at {ptr or '/'} has {len(x)} {what}; the limit is {limit}",
+                              param=param, code="schema_too_large")
+            stack.extend((x, f"{ptr}/{k}", depth + 1) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{ptr}/{i}", depth + 1) for i, x in enumerate(v))
+
+
+def schema_grammar(engine, schema: Any, param: str, ctx=None) -> str:
     require_grammar(engine, param)
     mod = _schema_mod(param)
     if not isinstance(schema, dict) and not isinstance(schema, bool):
         raise bad(f"{param} must be a JSON Schema object", param=param)
+    check_schema_limits(schema, param)
     try:
-        return mod.schema_to_gbnf(schema)
-    except getattr(mod, "SchemaError", ValueError) as e:
-        raise bad(f"{param}: {e}", param=param) from None
-    except (ValueError, TypeError, KeyError, RecursionError) as e:
-        raise bad(f"{param}: unsupported or invalid schema ({type(e).__name__}: {e})", param=param) from None
+        return convert.schema_to_gbnf(schema, ctx)
+    except convert.ConversionTimeout as e:
+        raise bad(f"{param}: {e}", param=param, code="schema_too_complex") from None
+    except convert.ConversionError as e:
+        if e.kind in ("SchemaError", "GrammarError", "InvalidRequestError"):
+            raise bad(f"{param}: {e}", param=param) from None
+        raise bad(f"{param}: unsupported or invalid schema ({e.kind}: {e})", param=param) from None
 
 
 def json_object_grammar(engine, param: str) -> str:

@@ -10,7 +10,7 @@ Errors use the OpenAI shape, or the Anthropic shape under /v1/messages.
 """
 from __future__ import annotations
 
-import collections
+import dataclasses
 import hashlib
 import hmac
 import ipaddress
@@ -26,9 +26,11 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from . import anthropic_api, openai_api
-from .common import ApiError
+from . import anthropic_api, convert, openai_api
+from .common import ApiError, check_text
+from .conn import Closed, HttpError, Reader, Registry
 from .gen import ClientGone
+from .limits import Limits
 from .metrics import Metrics
 
 _RID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -102,6 +104,10 @@ ROUTES = {
 
 # ------------------------------------------------------------------ handler
 class Handler(BaseHTTPRequestHandler):
+    """One connection: requests read by `conn.Reader` (strict framing, one
+    deadline per request), answered through the ctx interface the API
+    modules use (send_json, start_sse, sse, gone, ...)."""
+
     protocol_version = "HTTP/1.1"
     server_version = "colibri-lab"
     sys_version = ""
@@ -109,12 +115,17 @@ class Handler(BaseHTTPRequestHandler):
     # -- plumbing
     def setup(self):
         self.srv = self.server.app
-        self.timeout = self.srv.read_timeout_s
+        self.lim = self.srv.limits
         super().setup()
         try:
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        self.reader = Reader(self.connection, self.lim)
+        self.conn = self.server.conn_of(self.connection)
+        self.request_version = "HTTP/1.1"
+        self.requestline = ""
+        self.command = ""
 
     @property
     def engine(self):
@@ -124,53 +135,99 @@ class Handler(BaseHTTPRequestHandler):
         if self.srv.log_requests:
             sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
 
-    def do_GET(self):
-        self._dispatch("GET")
+    def handle(self):
+        self.close_connection = False
+        while not self.close_connection:
+            if not self._one_request():
+                break
 
-    def do_POST(self):
-        self._dispatch("POST")
-
-    def do_OPTIONS(self):
-        self._dispatch("OPTIONS")
-
-    def do_PUT(self):
-        self._dispatch("PUT")
-
-    def do_DELETE(self):
-        self._dispatch("DELETE")
-
-    def do_PATCH(self):
-        self._dispatch("PATCH")
-
-    def do_HEAD(self):
-        self._dispatch("HEAD")
-
-    def send_error(self, code, message=None, explain=None):
-        """Framework-level errors (bad request line, oversized headers) in the OpenAI shape."""
-        self.close_connection = True
-        self.rid = getattr(self, "rid", None) or _new_rid()
-        self._cors = getattr(self, "_cors", None)
-        self.endpoint = getattr(self, "endpoint", "other")
+    def _one_request(self) -> bool:
+        conn = self.conn
+        if conn is not None:
+            conn.set("idle")
+        if not self.reader.wait_request() or (conn is not None and conn.evicted):
+            return False
+        if conn is not None:
+            conn.set("head")
+        self.reader.start()
+        self.rid = _new_rid()
+        self._cors = None
+        self.endpoint = "other"
+        self.sse_started = False
         try:
-            self._send_json(code, ApiError(code, message or explain or "bad request").openai())
+            req = self.reader.head()
+        except HttpError as e:
+            self._framing_error(e)
+            return False
+        except Closed:
+            if conn is not None and conn.evicted:
+                self._framing_error(HttpError(408, "the request did not arrive before the server needed the "
+                                                   "connection (it is at its connection limit)",
+                                              code="request_timeout"))
+            return False
+        self.req = req
+        self.command = req.method
+        self.requestline = req.raw_line
+        self.request_version = f"HTTP/{req.version[0]}.{req.version[1]}"
+        self.headers = req.headers
+        conn_hdr = ",".join(req.headers.get_all("connection")).lower()
+        if req.version >= (1, 1):
+            self.close_connection = "close" in conn_hdr
+        else:
+            self.close_connection = "keep-alive" not in conn_hdr
+        if conn is not None and conn.overflow:
+            self.close_connection = True
+        self._dispatch(req.method)
+        return not self.close_connection
+
+    def _framing_error(self, e: HttpError) -> None:
+        """A request whose framing is broken: a status line, an OpenAI-shape body, close."""
+        self.close_connection = True
+        self.endpoint = "other"
+        try:
+            self._send_json(e.status, ApiError(e.status, e.message, code=e.code).openai())
         except OSError:
             pass
+
+    def send_error(self, code, message=None, explain=None):
+        """Framework-level errors, in the OpenAI shape (not reached by the strict reader's requests)."""
+        self._framing_error(HttpError(code, message or explain or "bad request"))
 
     # -- dispatch
     def _dispatch(self, method: str) -> None:
         self.t0 = time.perf_counter()
         self.last_write = time.monotonic()
-        self.sse_started = False
-        self._cors = None
-        self._body_read = method in ("GET", "HEAD", "OPTIONS", "DELETE")
+        self._body_read = not (self.req.body_len or self.req.chunked)
         rid = self.headers.get("x-request-id", "")
-        self.rid = rid if _RID.fullmatch(rid or "") else _new_rid()
-        path = urllib.parse.urlsplit(self.path).path
-        self.endpoint = path if path in ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
-        anth = path.startswith("/v1/messages")
+        if _RID.fullmatch(rid or ""):
+            self.rid = rid
+        target = self.req.target
+        self.host_value = self.headers.get("Host")
+        path = target
+        anth = False
         try:
+            if target.startswith("/"):
+                path = urllib.parse.urlsplit(target).path
+            elif "://" in target:
+                # absolute-form: the authority in the target is the host (RFC 9112 3.2.2)
+                u = urllib.parse.urlsplit(target)
+                if u.scheme.lower() not in ("http", "https") or not u.netloc or "@" in u.netloc:
+                    raise ApiError(400, "malformed absolute-form request target", code="bad_request")
+                self.host_value = u.netloc
+                path = u.path or "/"
+            elif target == "*" and method == "OPTIONS":
+                path = "*"
+            else:
+                raise ApiError(400, "the request target must be a path ('/...') or an absolute URI",
+                               code="bad_request")
+            self.endpoint = path if path in ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/")
+                                                         else "other")
+            anth = path.startswith("/v1/messages")
             self._check_host()
             self._check_origin()
+            if self.conn is not None and self.conn.overflow and path != "/health":
+                raise ApiError(503, "the server is at its connection limit; retry shortly (/health is still "
+                                    "answered)", code="too_many_connections", headers={"Retry-After": "1"})
             if method == "OPTIONS":
                 return self._preflight()
             if method == "HEAD":
@@ -195,11 +252,22 @@ class Handler(BaseHTTPRequestHandler):
             if (needs_engine or path != "/health") and self.engine is None:
                 raise ApiError(503, "the model is still loading; retry shortly", code="loading",
                                headers={"Retry-After": "2"})
+            if self.conn is not None:
+                self.conn.state = "body"
             body = self._read_json() if method == "POST" else None
-            fn(self, body)
+            if self.conn is not None:
+                self.conn.set("busy")
+            convert.bind(self.gone, self.lim.convert_timeout_s)
+            try:
+                fn(self, body)
+            finally:
+                convert.unbind()
         except ApiError as e:
             self._error(e, anth)
-        except ClientGone:
+        except HttpError as e:
+            self._body_read = False
+            self._error(ApiError(e.status, e.message, code=e.code), anth)
+        except (ClientGone, Closed, convert.ClientLeft):
             self.close_connection = True
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout):
             self.close_connection = True
@@ -227,9 +295,9 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- checks
     def _check_host(self) -> None:
-        host = self.headers.get("Host")
+        host = self.host_value
         if not host:
-            raise ApiError(403, "missing Host header", code="bad_host")
+            raise ApiError(400, "missing Host header", code="bad_host")
         h = host.strip()
         if h.startswith("["):
             h = h[1:h.find("]")] if "]" in h else h
@@ -247,7 +315,7 @@ class Handler(BaseHTTPRequestHandler):
             self._cors = origin
             return
         try:
-            same = urllib.parse.urlsplit(origin).netloc.lower() == (self.headers.get("Host") or "").lower()
+            same = urllib.parse.urlsplit(origin).netloc.lower() == (self.host_value or "").lower()
         except ValueError:
             same = False
         if not same:
@@ -267,33 +335,32 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.srv.metrics.count_http("OPTIONS", 204)
 
-    def _read_json(self):
-        if self.headers.get("Transfer-Encoding"):
-            raise ApiError(400, "chunked request bodies are not supported; send Content-Length", code="bad_body")
-        cl = self.headers.get("Content-Length")
-        if cl is None:
-            raise ApiError(400, "a POST needs a Content-Length header and a JSON body", code="bad_body")
-        try:
-            n = int(cl)
-            if n < 0:
-                raise ValueError
-        except ValueError:
-            raise ApiError(400, f"bad Content-Length {cl!r}", code="bad_body") from None
-        if n > self.srv.max_body_bytes:
-            raise ApiError(413, f"request body is {n} bytes; the limit is {self.srv.max_body_bytes}",
+    def _read_body(self) -> bytes:
+        req = self.req
+        if not req.chunked and req.body_len == 0 and "content-length" not in req.headers:
+            raise ApiError(411, "a POST needs a Content-Length header (or a chunked body) and a JSON body",
+                           code="length_required")
+        if req.body_len > self.lim.max_body_bytes:
+            raise ApiError(413, f"request body is {req.body_len} bytes; the limit is {self.lim.max_body_bytes}",
                            code="request_too_large")
-        data = self.rfile.read(n)
+        if (self.headers.get("Expect") or "").lower() == "100-continue":
+            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        data = self.reader.chunked(self.lim.max_body_bytes) if req.chunked else self.reader.exact(req.body_len)
         self._body_read = True
-        if len(data) != n:
-            raise ClientGone()
+        return data
+
+    def _read_json(self):
+        data = self._read_body()
         try:
-            return json.loads(data.decode("utf-8"))
+            obj = json.loads(data.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise ApiError(400, f"request body is not UTF-8: {e}", code="invalid_json") from None
         except ValueError as e:
             raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
         except RecursionError:
             raise ApiError(400, "request body JSON is nested too deeply", code="invalid_json") from None
+        check_text(obj)
+        return obj
 
     # -- responses (the ctx interface used by the API modules)
     def _common_headers(self) -> None:
@@ -310,7 +377,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(status, obj)
 
     def send_text(self, status: int, text: str, ctype: str, headers=None) -> None:
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", "backslashreplace")   # never fails, whatever a message echoes
         self.send_response(status)
         self._common_headers()
         for k, v in (headers or {}).items():
@@ -352,7 +419,7 @@ class Handler(BaseHTTPRequestHandler):
     def sse(self, obj, event: str | None = None) -> None:
         payload = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
         head = f"event: {event}\n" if event else ""
-        self._write(f"{head}data: {payload}\n\n".encode("utf-8"))
+        self._write(f"{head}data: {payload}\n\n".encode("utf-8", "backslashreplace"))
 
     def sse_comment(self, text: str) -> None:
         self._write(f": {text}\n\n".encode())
@@ -384,13 +451,14 @@ class Handler(BaseHTTPRequestHandler):
             eng = srv.engine
             sch = eng.scheduler
             n_slots = int(eng.params["n_slots"])
-            active = sch.n_active if sch is not None else 0
             body.update({
                 "model": srv.model_id, "model_path": str(eng.model_path), "uptime_s": time.time() - srv.t_start,
                 "engine": eng.params, "info": eng.info,
-                "scheduler": {"n_slots": n_slots, "running": min(active, n_slots),
-                              "waiting": (sch.queue_depth if sch is not None else 0) + max(0, active - n_slots),
+                "scheduler": {"n_slots": n_slots, "running": sch.n_running if sch is not None else 0,
+                              "waiting": sch.n_waiting if sch is not None else 0,
                               "max_queue": getattr(sch, "_max_queue", None)},
+                "connections": self.server.registry.snapshot(),
+                "limits": dataclasses.asdict(srv.limits),
                 "grammar": _grammar_flag(eng),
             })
         self._send_json(200, body)
@@ -411,52 +479,53 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = 1024
 
     def __init__(self, addr, handler, app, family):
         self.address_family = family
         self.app = app
-        self.conns: collections.Counter = collections.Counter()
-        self.conns_lock = threading.Lock()
+        self.registry = Registry(app.limits)
+        self._by_sock: dict = {}
         super().__init__(addr, handler)
 
+    def conn_of(self, sock):
+        return self._by_sock.get(id(sock))
+
     def process_request(self, request, client_address):
-        ip = client_address[0]
-        with self.conns_lock:
-            over = self.conns[ip] >= self.app.max_conns_per_ip
-            if not over:
-                self.conns[ip] += 1
-        if over:
-            _reject(request, self.app.max_conns_per_ip)
+        c = self.registry.admit(request)
+        if c is None:
+            _reject(request)
             self.shutdown_request(request)
             return
+        self._by_sock[id(request)] = c
         try:
             super().process_request(request, client_address)
         except Exception:
-            self._release(ip)
+            self._forget(request)
             raise
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release(client_address[0])
+            self._forget(request)
 
-    def _release(self, ip):
-        with self.conns_lock:
-            self.conns[ip] -= 1
-            if self.conns[ip] <= 0:
-                del self.conns[ip]
+    def _forget(self, request):
+        c = self._by_sock.pop(id(request), None)
+        if c is not None:
+            self.registry.release(c)
 
 
-def _reject(sock, limit: int) -> None:
-    body = json.dumps(ApiError(429, f"too many concurrent connections from this address (limit {limit})",
+def _reject(sock) -> None:
+    """Beyond the cap and its /health reserve: a 503 written without reading the request."""
+    body = json.dumps(ApiError(503, "the server is at its connection limit; retry shortly",
                                code="too_many_connections").openai()).encode()
-    head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            f"Retry-After: 1\r\nx-request-id: {_new_rid()}\r\nConnection: close\r\n\r\n").encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nx-request-id: {_new_rid()}\r\n"
+            f"Connection: close\r\n\r\n").encode()
     try:
-        sock.settimeout(2.0)
-        sock.sendall(head + body)
+        sock.setblocking(False)
+        sock.send(head + body)
     except OSError:
         pass
 
@@ -474,8 +543,7 @@ class Server:
 
     def __init__(self, engine=None, host: str = "127.0.0.1", port: int = 8080, *, api_key: str | None = None,
                  model_id: str | None = None, cors_origins=(), allowed_hosts=(), max_body_bytes: int = 4 << 20,
-                 keepalive_s: float = 15.0, read_timeout_s: float = 60.0, max_conns_per_ip: int = 64,
-                 log_requests: bool = False):
+                 keepalive_s: float = 15.0, limits: Limits | None = None, log_requests: bool = False, **limit_kw):
         if not is_loopback(host) and not api_key:
             raise ServerConfigError(
                 f"refusing to listen on {host!r} without an API key: anyone who can reach it could use it. "
@@ -486,10 +554,9 @@ class Server:
         h = host.strip("[]").lower()
         self.wildcard = h in ("", "0.0.0.0", "::")
         self.allowed_hosts = set(_LOOPBACK_NAMES) | {h} | {a.lower().strip("[]") for a in allowed_hosts}
-        self.max_body_bytes = int(max_body_bytes)
+        self.limits = dataclasses.replace(limits or Limits(), max_body_bytes=int(max_body_bytes), **limit_kw)
+        self.max_body_bytes = self.limits.max_body_bytes
         self.keepalive_s = float(keepalive_s)
-        self.read_timeout_s = float(read_timeout_s)
-        self.max_conns_per_ip = int(max_conns_per_ip)
         self.log_requests = log_requests
         self.metrics = Metrics()
         self.t_start = time.time()
@@ -542,13 +609,13 @@ class Server:
 
     def render_metrics(self) -> str:
         eng = self.engine
-        running = waiting = 0
+        running = waiting = n_slots = 0
         if eng is not None and eng.scheduler is not None:
+            running = eng.scheduler.n_running
+            waiting = eng.scheduler.n_waiting
             n_slots = int(eng.params["n_slots"])
-            active = eng.scheduler.n_active
-            running = min(active, n_slots)
-            waiting = eng.scheduler.queue_depth + max(0, active - n_slots)
-        return self.metrics.render(running, waiting, self.model_id)
+        conns = self._httpd.registry.snapshot() if self._httpd is not None else None
+        return self.metrics.render(running, waiting, self.model_id, n_slots, conns)
 
     # -- lifecycle
     def _bind(self) -> None:

@@ -150,22 +150,75 @@ def _tools(b: C.Body) -> prep.ToolMode:
     return tm
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def _messages(b: C.Body) -> list:
+    """The chat messages, checked as OpenAI checks them: known roles; an
+    assistant's tool_calls are {"id", "type": "function", "function": {"name",
+    "arguments"}}; every tool message carries the tool_call_id of a call made by
+    the assistant message it answers, and every call is answered before the
+    conversation goes on."""
     msgs = b.list("messages")
     if not msgs:
         raise bad("messages must be a non-empty array", param="messages")
     out = []
+    open_calls: dict | None = None    # ids of the last assistant tool calls still unanswered
     for i, m in enumerate(msgs):
+        w = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise bad(f"messages[{i}] must be an object", param=f"messages[{i}]")
-        C.check_keys(m, {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}, f"messages[{i}]")
+            raise bad(f"{w} must be an object", param=w)
+        C.check_keys(m, {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}, w)
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(f"{w}.role must be one of {', '.join(ROLES)}, got {C.safe_text(repr(role))[:40]}",
+                      param=f"{w}.role")
+        if role != "tool" and open_calls:
+            raise bad("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                      f"'tool_call_id'. The following tool_call_ids did not have response messages: "
+                      f"{', '.join(open_calls)}", param=f"{w}.role")
+        if role == "tool":
+            tid = m.get("tool_call_id")
+            if not isinstance(tid, str) or not tid:
+                raise bad(f"{w}: a tool message needs tool_call_id, the id of the call it answers",
+                          param=f"{w}.tool_call_id")
+            if open_calls is None:
+                raise bad(f"{w}: messages with role 'tool' must be a response to a preceding message with "
+                          f"'tool_calls'", param=f"{w}.role")
+            if tid not in open_calls:
+                raise bad(f"{w}.tool_call_id {C.safe_text(tid)[:64]!r} does not answer a pending call of the "
+                          f"preceding assistant message", param=f"{w}.tool_call_id")
+            del open_calls[tid]
+        elif m.get("tool_call_id") is not None:
+            raise bad(f"{w}: tool_call_id is only allowed on tool messages", param=f"{w}.tool_call_id")
+        else:
+            open_calls = None
         if m.get("tool_calls") is not None:
             tc = m["tool_calls"]
-            if m.get("role") != "assistant" or not isinstance(tc, list) or not all(
-                    isinstance(c, dict) and isinstance(c.get("function"), dict) for c in tc):
-                raise bad(f"messages[{i}].tool_calls must be a list of function calls on an assistant message",
-                          param=f"messages[{i}].tool_calls")
+            if role != "assistant" or not isinstance(tc, list) or not tc:
+                raise bad(f"{w}.tool_calls must be a non-empty list of function calls on an assistant message",
+                          param=f"{w}.tool_calls")
+            open_calls = {}
+            for k, c in enumerate(tc):
+                cw = f"{w}.tool_calls[{k}]"
+                if not isinstance(c, dict) or c.get("type", "function") != "function" or \
+                        not isinstance(c.get("function"), dict):
+                    raise bad(f"{cw} must be {{\"id\", \"type\": \"function\", \"function\": {{...}}}}", param=cw)
+                C.check_keys(c, {"id", "type", "function"}, cw)
+                C.check_keys(c["function"], {"name", "arguments"}, f"{cw}.function")
+                if not isinstance(c.get("id"), str) or not c["id"]:
+                    raise bad(f"{cw}.id must be a non-empty string", param=f"{cw}.id")
+                if not isinstance(c["function"].get("name"), str):
+                    raise bad(f"{cw}.function.name must be a string", param=f"{cw}.function.name")
+                if not isinstance(c["function"].get("arguments", ""), str):
+                    raise bad(f"{cw}.function.arguments must be a string (JSON text)",
+                              param=f"{cw}.function.arguments")
+                open_calls[c["id"]] = True
         out.append({k: v for k, v in m.items() if k != "refusal"})
+    if open_calls:
+        raise bad("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                  f"'tool_call_id'. The following tool_call_ids did not have response messages: "
+                  f"{', '.join(open_calls)}", param=f"messages[{len(msgs) - 1}]")
     return out
 
 

@@ -189,5 +189,9 @@ def extension_grammar(b: C.Body, engine) -> str | None:
         return None
     if not g.strip():
         raise bad("grammar must not be empty", param="grammar")
+    from .limits import MAX_GRAMMAR_BYTES
+    if len(g.encode("utf-8")) > MAX_GRAMMAR_BYTES:
+        raise bad(f"grammar is {len(g.encode('utf-8'))} bytes; the limit is {MAX_GRAMMAR_BYTES}", param="grammar",
+                  code="grammar_too_large")
     C.require_grammar(engine, "grammar")
     return g
