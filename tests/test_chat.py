@@ -272,3 +272,28 @@ def test_gemma_turns_and_stops():
     # chat stops on <end_of_turn> and on <eos>
     assert {tk.token_to_id("<end_of_turn>"), tk.token_to_id("<eos>")} <= tk.eog_ids
     assert tk.add_bos and tk.bos_id == tk.token_to_id("<bos>")
+
+
+@pytest.mark.realmodels
+@pytest.mark.slow
+def test_qwen_coder_chat_writes_python_that_parses():
+    import ast
+    import re
+
+    from colibri_lab import Engine
+
+    with Engine("qwen2.5-coder-1.5b", n_threads=2, n_ctx=512) as eng:
+        out = eng.chat([{"role": "user", "content":
+                         "Write a Python function is_prime(n) that returns True when n is a prime "
+                         "number. Reply with only the code, in one ```python block, no explanation."}],
+                       max_tokens=150, temperature=0)
+    # <|im_end|> ended the reply (it is end-of-generation for the engine), well before max_tokens
+    assert out.finish_reason == "stop", (out.finish_reason, out.text)
+    m = re.search(r"```(?:python)?\n(.*?)```", out.text, re.S)
+    code = m.group(1) if m else out.text
+    tree = ast.parse(code)
+    names = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    assert "is_prime" in names, out.text
+    ns: dict = {}
+    exec(compile(tree, "<model>", "exec"), ns)  # the model's own code, run on a few numbers
+    assert [n for n in range(20) if ns["is_prime"](n)] == [2, 3, 5, 7, 11, 13, 17, 19], out.text
