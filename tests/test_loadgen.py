@@ -313,3 +313,17 @@ def test_llama_cpp_helper_says_why_it_is_unavailable(tmp_path):
     if not have:   # this interpreter lacks the extra: the reason names it
         why = servers.llama_cpp_unavailable(sys.executable)
         assert "anchors" in why and sys.executable in why
+
+
+def test_request_timeout_and_block_deadline_bound_the_time(scripted):
+    from colibri_lab.experiments.workloads import load_workload
+
+    slow = loadgen.Target(scripted, "m", timeout_s=0.12)      # the scripted stream takes ~0.25 s
+    tr = loadgen.stream_chat(slow, loadgen.chat_body("m", [{"role": "user", "content": "x"}], {}))
+    assert tr.error.startswith("timeout") and tr.t_done - tr.t_send < 1.0
+    wl = load_workload({"name": "w", "items": [{"id": "a", "turns": ["1", "2"]}, {"id": "b", "turns": ["3"]}]})
+    blk = loadgen.run_block(loadgen.Target(scripted, "m"), wl, Arrival(kind="poisson", rate=0.5, seed=0), {},
+                            deadline_s=0.0, scrape=False)
+    assert len(blk.rows) == 3 and all(r["error"].startswith("not sent") for r in blk.rows)
+    assert loadgen.sustained(blk.rows) == (False, 0.0)
+    assert loadgen.summary(blk.rows, blk.gaps, blk.duration_s)["failed"] == 3

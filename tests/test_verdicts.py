@@ -38,3 +38,15 @@ def test_numpy_booleans_count_as_booleans():
     c = Claim("x", np.bool_(True))
     assert c.holds is True
     check([c])
+
+
+def test_record_writes_the_claims_into_saved_results(tmp_path):
+    from colibri_lab.experiments import Results, load_results
+    from colibri_lab.experiments.verdicts import record
+
+    res = Results.from_rows([dict(variant="v", repeat=0, prompt_id="a", turn=0, seed=0, error="")], [],
+                            {"experiment": {"name": "t"}})
+    res.save(path=tmp_path / "r", steps="none")
+    record(res, [Claim("A holds", True, "x"), Claim("B", None)])
+    assert load_results(tmp_path / "r").meta["claims"] == [{"statement": "A holds", "holds": True, "evidence": "x"},
+                                                           {"statement": "B", "holds": None, "evidence": ""}]

@@ -76,7 +76,7 @@ class Target:
     base_url: str
     model: str
     api_key: str | None = None
-    timeout_s: float = 600.0             # per request, connect to end of stream
+    timeout_s: float = 600.0             # per request, from sending to the end of the stream
 
     def __post_init__(self):
         u = urllib.parse.urlsplit(self.base_url)
@@ -159,6 +159,9 @@ def stream_chat(target: Target, body: dict, clock: Callable[[], float] = time.pe
             if not line:
                 break
             now = clock()
+            if now - tr.t_send > target.timeout_s:      # a stream that trickles on never trips the socket timeout
+                tr.error = f"timeout: no end of stream within {target.timeout_s:g} s"
+                break
             line = line.strip()
             if not line.startswith(b"data:"):
                 continue                                  # blank separators, ": keep-alive" comments, event: lines
@@ -238,14 +241,17 @@ def text_hash(text: str) -> str:
 def run_block(target: Target, workload: Workload, arrival: Arrival, request: dict, *, seed: int = 0,
               jobs: Sequence[tuple[int, Item]] | None = None, prefix: str = "", base: dict | None = None,
               scrape: bool = True, on_row: Callable[[dict], None] | None = None,
-              stop: threading.Event | None = None) -> Block:
+              stop: threading.Event | None = None, deadline_s: float | None = None) -> Block:
     """Send every conversation of `workload` (or `jobs`, (item index, item)
     pairs) to `target` on `arrival`'s schedule; item i gets seed `seed + i`.
     `prefix` is put in front of each conversation's first message (a block
     tag that keeps one block's prompts out of the prefix cache of the next);
     `base` columns go on every row.  Scrapes /metrics before and after
     (scrape=False: not).  `stop` (an Event) ends the block early: in-flight
-    requests finish, nothing new is sent."""
+    requests finish, nothing new is sent.  `deadline_s`: no request is sent
+    later than this many seconds after the block's start; each one left is a
+    row with the error "not sent: ..." (so a server that cannot keep up
+    shows as failed requests in bounded time, not as an unbounded queue)."""
     jobs = list(enumerate(workload.items)) if jobs is None else list(jobs)
     base = dict(base or {})
     stop = stop or threading.Event()
@@ -276,6 +282,11 @@ def run_block(target: Target, workload: Workload, arrival: Arrival, request: dic
             for turn in range(len(item.turns)):
                 if stop.is_set():
                     return
+                if deadline_s is not None and time.perf_counter() - t0 > deadline_s:
+                    for t in range(turn, len(item.turns)):
+                        _unsent(rows, lock, base, idx, item, t, seed, c, t_release - t0,
+                                f"not sent: the block's deadline of {deadline_s:g} s had passed")
+                    break
                 msgs = _tagged(item.messages(turn, replies), prefix)
                 kw = dict(req_settings, seed=seed + idx)
                 mt = request.get("max_tokens")
@@ -328,10 +339,21 @@ def run_block(target: Target, workload: Workload, arrival: Arrival, request: dic
         for t in threads:
             t.join(timeout=target.timeout_s)
     t_first = min((r["t_release_s"] for r in rows), default=0.0)
-    duration = max((r["t_done_s"] for r in rows), default=0.0) - t_first
+    duration = max((r["t_done_s"] for r in rows if r["t_done_s"] == r["t_done_s"]), default=t_first) - t_first
     after = scrape_metrics(target) if scrape else {}
     rows.sort(key=lambda r: (r["t_release_s"], r["item_index"], r["turn"]))
     return Block(rows, gaps, duration, wall0, before, after, interrupted or stop.is_set())
+
+
+def _unsent(rows, lock, base, idx, item, turn, seed, client, t_release_s, why) -> None:
+    nan = float("nan")
+    row = dict(base, item_index=idx, prompt_id=item.id, group=item.group, turn=turn, n_turns=len(item.turns),
+               seed=seed + idx, client=client, t_release_s=t_release_s, t_submit_s=nan, t_done_s=nan,
+               client_wait_ms=nan, client_ms=nan, prompt_tokens=-1, cached_tokens=-1, completion_tokens=0,
+               tokens_counted="", n_chunks=0, ttft_ms=nan, tpot_ms=nan, e2e_ms=nan, itl_ms_mean=nan,
+               itl_ms_max=nan, finish_reason="", status=0, output_hash=text_hash(""), output_text="", error=why)
+    with lock:
+        rows.append(row)
 
 
 def _tagged(messages: list[dict], prefix: str) -> list[dict]:
@@ -509,6 +531,8 @@ def sustained(rows, threshold: float = 0.9) -> tuple[bool, float]:
     import pandas as pd
 
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    if "error" in df and (df["error"].fillna("") != "").any():
+        return False, 0.0                       # requests that failed or were never sent: it did not keep up
     if "turn" in df:
         df = df[df["turn"] == 0]
     if len(df) < 3:

@@ -255,7 +255,8 @@ class ServeRunner:
         box: dict = {}
         th = threading.Thread(target=lambda: box.update(b=loadgen.run_block(
             target, self.workload, arrival, v.request, seed=spec.seed, prefix=block_tag(spec, v, rep), base=base,
-            scrape=bool(s.get("metrics", True)), on_row=on_row, stop=stop)), daemon=True)
+            scrape=bool(s.get("metrics", True)), on_row=on_row, stop=stop,
+            deadline_s=float(s["block_timeout_s"]) if s.get("block_timeout_s") else None)), daemon=True)
         th.start()
         seen = 0
         try:

@@ -58,7 +58,8 @@ process.  A `[serve]` table makes a spec one; its keys (and a variant's
     args = []               # extra command-line flags for the started server
     python = ""             # interpreter for llama.cpp (default: env COLIBRI_LAB_LLAMA_PYTHON, else this one)
     metrics = true          # scrape /metrics before and after every block
-    timeout_s = 600         # per request
+    timeout_s = 600         # per request, sending to the end of its stream
+    block_timeout_s = 0     # > 0: send nothing later than this into a block (the rest: "not sent" rows)
     startup_timeout_s = 300
 
 The `[engine]` settings (model, n_threads, n_ctx, n_slots) are the started
@@ -277,7 +278,7 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
 
 
 SERVE_KEYS = ("kind", "base_url", "model_id", "slo", "args", "python", "metrics", "timeout_s", "startup_timeout_s",
-              "api_key")
+              "api_key", "block_timeout_s")
 
 
 def _serve_table(t) -> dict | None:

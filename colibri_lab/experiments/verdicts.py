@@ -11,6 +11,7 @@ one statement.
                        f"{eq['n_equal']}/{eq['n_pairs']} pairs equal")]
     check(claims)          # the asserting cell: AssertionError naming the claim that does not hold
     verdict(claims)        # the conclusion cell: Markdown, "holds" / "does not hold" per claim
+    record(res, claims)    # and into the saved results' meta.json, where docs/workbench_results.md reads it
 """
 from __future__ import annotations
 
@@ -85,3 +86,18 @@ def verdict(claims, title: str = "Verdict"):
         return Markdown(text)
     except ImportError:   # pragma: no cover - IPython ships with the notebook dependencies
         return text
+
+
+def record(results, claims) -> None:
+    """Store the claims in results.meta["claims"] and, when the results were
+    saved, in their meta.json too (the tables are not rewritten)."""
+    import json
+    from pathlib import Path
+
+    recs = [{"statement": c.statement, "holds": c.holds, "evidence": c.evidence} for c in claims]
+    results.meta["claims"] = recs
+    if getattr(results, "path", None) is not None:
+        p = Path(results.path) / "meta.json"
+        meta = json.loads(p.read_text())
+        meta["claims"] = recs
+        p.write_text(json.dumps(meta, indent=1) + "\n")
