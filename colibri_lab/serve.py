@@ -4,7 +4,8 @@
     curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\
          -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}'
 
-Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages;
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/responses,
+/v1/messages, /v1/messages/count_tokens, /tokenize, /detokenize;
 GET /v1/models, /v1/models/{id}, /health, /profile, /experts, /metrics.
 Standard library only (plus colibri_lab).  The CLI reuses this module:
 `colibri-lab serve` calls `add_arguments(parser)` and `run(args)`.

@@ -224,6 +224,25 @@ def messages(ctx, data) -> None:
                         "timings": C.timings(r.metrics)})
 
 
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
+
+
+def count_tokens(ctx, data) -> None:
+    """POST /v1/messages/count_tokens: the prompt tokens a /v1/messages request
+    with these messages, system prompt and tools would have, chat template and
+    tool instructions included ({"input_tokens": n})."""
+    srv, engine = ctx.srv, ctx.engine
+    b = C.Body(data, COUNT_FIELDS, IGNORED | {"max_tokens"})
+    check_model(srv, b)
+    msgs = convert_messages(b.raw("system"), b.raw("messages"))
+    tm = _tools(b)
+    th = b.obj("thinking")
+    if th is not None and th != {"type": "disabled"}:
+        raise bad("thinking is not supported by this server (only {\"type\": \"disabled\"})", param="thinking")
+    ids = prep.chat_prompt_ids(engine, msgs, tm)
+    ctx.send_json(200, {"input_tokens": len(ids)})
+
+
 def _stream(ctx, gen, mid, model, tm, n_prompt) -> None:
     st = ChoiceStream(tm)
     block = {"index": -1, "open": False}   # current content block

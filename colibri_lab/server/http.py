@@ -26,7 +26,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from . import anthropic_api, convert, openai_api
+from . import anthropic_api, convert, openai_api, responses_api, tokens_api
 from .common import ApiError, check_text
 from .conn import Closed, HttpError, Reader, Registry
 from .gen import ClientGone
@@ -99,6 +99,10 @@ ROUTES = {
     "/v1/chat/completions": ("POST", openai_api.chat_completions, True),
     "/v1/completions": ("POST", openai_api.completions, True),
     "/v1/messages": ("POST", anthropic_api.messages, True),
+    "/v1/messages/count_tokens": ("POST", anthropic_api.count_tokens, True),
+    "/v1/responses": ("POST", responses_api.responses, True),
+    "/tokenize": ("POST", tokens_api.tokenize, True),
+    "/detokenize": ("POST", tokens_api.detokenize, True),
 }
 
 

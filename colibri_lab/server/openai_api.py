@@ -154,18 +154,22 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _messages(b: C.Body) -> list:
-    """The chat messages, checked as OpenAI checks them: known roles; an
-    assistant's tool_calls are {"id", "type": "function", "function": {"name",
-    "arguments"}}; every tool message carries the tool_call_id of a call made by
-    the assistant message it answers, and every call is answered before the
-    conversation goes on."""
     msgs = b.list("messages")
     if not msgs:
         raise bad("messages must be a non-empty array", param="messages")
+    return check_messages(msgs)
+
+
+def check_messages(msgs: list, where: str = "messages") -> list:
+    """Chat messages checked as OpenAI checks them: known roles; an assistant's
+    tool_calls are {"id", "type": "function", "function": {"name",
+    "arguments"}}; every tool message carries the tool_call_id of a call made by
+    the assistant message it answers, and every call is answered before the
+    conversation goes on.  `where` names the field in errors."""
     out = []
     open_calls: dict | None = None    # ids of the last assistant tool calls still unanswered
     for i, m in enumerate(msgs):
-        w = f"messages[{i}]"
+        w = f"{where}[{i}]"
         if not isinstance(m, dict):
             raise bad(f"{w} must be an object", param=w)
         C.check_keys(m, {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}, w)
@@ -218,7 +222,7 @@ def _messages(b: C.Body) -> list:
     if open_calls:
         raise bad("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
                   f"'tool_call_id'. The following tool_call_ids did not have response messages: "
-                  f"{', '.join(open_calls)}", param=f"messages[{len(msgs) - 1}]")
+                  f"{', '.join(open_calls)}", param=f"{where}[{len(msgs) - 1}]")
     return out
 
 
