@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import models, normalizers, pre_tokenizers
 
 from .errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 
@@ -310,12 +310,9 @@ class Tokenizer:
                 if self.add_space_prefix:
                     steps.insert(0, normalizers.Prepend(" "))
                 tk.normalizer = normalizers.Sequence(steps)
-                tk.decoder = decoders.Sequence(
-                    [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-                )
             else:
                 tk.pre_tokenizer = spec.build()
-                tk.decoder = decoders.ByteLevel()
+            # (no decoder: decode() joins token_to_piece's bytes, llama.cpp's pieces)
             if user_ids:
                 tk.add_tokens([self._added(i, special=False) for i in user_ids])
             tk.add_special_tokens([self._added(i, special=True) for i in sorted(self._special_ids)])
@@ -509,8 +506,11 @@ class Tokenizer:
                 return text.encode("utf-8")
             if kind == TOKEN_TYPE["NORMAL"]:
                 return text.replace(_SPM_SPACE, " ").encode("utf-8")
-            if kind == TOKEN_TYPE["BYTE"] and len(text) == 6 and text.startswith("<0x"):
-                return bytes([int(text[3:5], 16)])
+            if kind == TOKEN_TYPE["BYTE"]:
+                try:
+                    return bytes([int(text[3:5], 16)]) if text[:3] == "<0x" and text[5:] == ">" else b""
+                except ValueError:  # a malformed byte token renders as nothing
+                    return b""
             return b""  # unused / undefined: rendered as nothing, as llama.cpp does
         if token_id in self._special_ids and kind != TOKEN_TYPE["UNKNOWN"]:
             return text.encode("utf-8") if special else b""
