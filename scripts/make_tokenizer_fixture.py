@@ -23,8 +23,10 @@ writes tests/fixtures/tokenize_<name>.json for that model family the same way
 facts), and also: "bos_cases" tokenized with add_bos=True (the way the engine
 tokenizes a plain prompt), and for Gemma "variants" (the same vocabulary with
 add_space_prefix=True, so that path is checked too) and "chat" (llama.cpp's
-built-in "gemma" chat template, as the file has none).  For qwen2.5-coder the
-0.5B file (same vocabulary) is tokenized too and must give the same ids.
+built-in "gemma" chat template, as the file has none); for qwen2.5-coder "chat"
+is the file's own template rendered by llama-cpp-python's Jinja2ChatFormatter
+with the ids it tokenizes that to, and the 0.5B file (same vocabulary) is
+tokenized too and must give the same ids.
 Run it with the anchor environment:
   /work/venv-anchors/bin/python scripts/make_tokenizer_fixture.py gemma3-270m
 """
@@ -372,6 +374,48 @@ def _chat_cases_gemma() -> list[dict]:
     return cases
 
 
+def _chat_cases_qwen(path: Path) -> list[dict]:
+    """The file's own template rendered by llama-cpp-python's Jinja2ChatFormatter
+    (what its create_chat_completion sends), and the ids it tokenizes that to."""
+    import llama_cpp
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    meta = llm.metadata
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+
+    def text(i: int) -> str:
+        return llama_cpp.llama_vocab_get_text(vocab, i).decode("utf-8")
+
+    bos = text(llama_cpp.llama_vocab_bos(vocab))
+    eos = text(llama_cpp.llama_vocab_eos(vocab))
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    convs = [
+        ([{"role": "user", "content": "Write a function."}], None),
+        ([{"role": "system", "content": "Only code."}, {"role": "user", "content": "Sort a list."}], None),
+        ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+          {"role": "user", "content": "  and now?  "}], None),
+        ([{"role": "user", "content": "Weather in Paris?"}], tools),
+        ([{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"}, call,
+          {"role": "tool", "content": "22 C"}, {"role": "tool", "content": "sunny"}], tools),
+    ]
+    cases = []
+    for msgs, tls in convs:
+        for gen in (True, False):
+            fmt = Jinja2ChatFormatter(meta["tokenizer.chat_template"], eos_token=eos, bos_token=bos,
+                                      add_generation_prompt=gen)
+            prompt = fmt(messages=msgs, tools=tls).prompt
+            ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+            cases.append({"messages": msgs, "tools": tls, "add_generation_prompt": gen,
+                          "text": prompt, "ids": [int(i) for i in ids]})
+    del llm
+    return cases
+
+
 def main_family(name: str) -> int:
     import llama_cpp
 
@@ -408,6 +452,8 @@ def main_family(name: str) -> int:
             _vocab_only_copy(model, copy, **{"tokenizer.ggml.add_space_prefix": True})
             result["variants"]["add_space_prefix"] = _tokenize_all(copy, texts)
         result["chat"] = _chat_cases_gemma()
+    else:
+        result["chat"] = _chat_cases_qwen(model)
     out = FIXTURES / f"tokenize_{name}.json"
     lines = ["{"]
     for key in ("model", "model_sha256", "same_ids", "llama_cpp_python", "call"):

@@ -239,6 +239,31 @@ def test_qwen_template(alias):
     assert {im_end, tk.token_to_id("<|endoftext|>")} <= tk.eog_ids
 
 
+def _qwen_chat_cases():
+    import json
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "tokenize_qwen2.5-coder.json")
+                      .read_text(encoding="utf-8"))
+    return data["chat"]
+
+
+@pytest.mark.realmodels
+@pytest.mark.parametrize("alias", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
+def test_qwen_template_matches_llama_cpp_python(alias):
+    # The fixture: llama-cpp-python's Jinja2ChatFormatter on the 1.5B file's template,
+    # and the ids it tokenizes the prompt to.  The 0.5B file's template differs in
+    # one literal of its tools text ({{"name" ...}} vs {"name" ...}), so only the
+    # conversations without tools must match it.
+    meta, tk = _real(alias)
+    for case in _qwen_chat_cases():
+        if alias != "qwen2.5-coder-1.5b" and case["tools"]:
+            continue
+        got = _render_like_engine(meta, tk, case["messages"], tools=case["tools"],
+                                  add_generation_prompt=case["add_generation_prompt"])
+        assert got == case["text"]
+        assert tk.encode(got, add_special=False) == case["ids"]  # as Engine.chat tokenizes
+
+
 def _gemma_chat_cases():
     import json
 
