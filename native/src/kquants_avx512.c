@@ -68,27 +68,32 @@ KQ_ATTR static INL void kp_prefetch(const uint8_t *p, size_t bytes) {
 
 /* d * sc_j and dmin * m_j (j = 0..7) of one Q4_K / Q5_K panel super-block,
  * 16 outputs each: the 12 packed scale bytes of every output are one byte
- * row each (byte k of output j at 64 + 16k + j), so the 6-bit fields come
- * out with 32-bit lane shifts, as ggml's get_scale_min_k4 does per output. */
-KQ_ATTR static INL void kp_scales_q45(const uint8_t *p, __m512 *dsc, __m512 *dmm) {
+ * row each (byte k of output j at 64 + 16k + j), so the 6-bit fields of 16
+ * outputs come out of 16-byte rows with byte masks and 16-bit shifts (the
+ * bits a shift carries across a byte are masked off), as ggml's
+ * get_scale_min_k4 does per output, then widen to floats.  The odd
+ * Q4_K sub-blocks' scales are divided by 16 (exact): their weights are read
+ * as the high nibble in place, 16 times the quant (see kp_tile_q45). */
+KQ_ATTR static INL void kp_scales_q45(const int q5, const uint8_t *p, __m512 *dsc, __m512 *dmm) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-    __m512i S[12];
+    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(0.0625f));
+    __m128i S[12];
 #pragma GCC unroll 12
-    for (int k = 0; k < 12; k++) S[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * k)));
-    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15);
+    for (int k = 0; k < 12; k++) S[k] = _mm_loadu_si128((const __m128i *)(p + 64 + 16 * k));
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), top2 = _mm_set1_epi8(0x30);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-        __m512i sc, mn;
+        __m128i sc, mn;
         if (j < 4) {
-            sc = _mm512_and_si512(S[j], m6);
-            mn = _mm512_and_si512(S[j + 4], m6);
-        } else {
-            sc = _mm512_or_si512(_mm512_and_si512(S[j + 4], m4), _mm512_slli_epi32(_mm512_srli_epi32(S[j - 4], 6), 4));
-            mn = _mm512_or_si512(_mm512_srli_epi32(S[j + 4], 4), _mm512_slli_epi32(_mm512_srli_epi32(S[j], 6), 4));
+            sc = _mm_and_si128(S[j], m6);
+            mn = _mm_and_si128(S[j + 4], m6);
+        } else {  /* (q >> 6) << 4 == (q >> 2) & 0x30 */
+            sc = _mm_or_si128(_mm_and_si128(S[j + 4], m4), _mm_and_si128(_mm_srli_epi16(S[j - 4], 2), top2));
+            mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m4), _mm_and_si128(_mm_srli_epi16(S[j], 2), top2));
         }
-        dsc[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
-        dmm[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn));
+        dsc[j] = _mm512_mul_ps(j & 1 && !q5 ? d16 : d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+        dmm[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
     }
 }
 
@@ -97,7 +102,7 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
                                     const cb_block_q8 *xr, float *y, int64_t ldy, __mmask16 m,
                                     const uint8_t *pf) {
     const size_t pb = q5 ? 16 * 176 : 16 * 144;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8((char)0xF0), b4 = _mm512_set1_epi8(0x10);
     __m512 acc[KP_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -105,7 +110,7 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
         const uint8_t *p = panel + (size_t)s * pb;
         if (pf) kp_prefetch(pf + (size_t)s * pb, pb);
         __m512 dsc[8], dmm[8];
-        kp_scales_q45(p, dsc, dmm);
+        kp_scales_q45(q5, p, dsc, dmm);
         const uint8_t *qs = p + (q5 ? 768 : 256);
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {  /* sub-block j: nibble j & 1 of group j / 2 */
@@ -114,11 +119,13 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
-                W[c] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, lo4);
-                if (q5) {  /* bit j of each qh byte -> bit 4 */
+                if (q5) {  /* quant | (bit j of each qh byte) << 4, 0..31 */
                     const __m512i h = _mm512_loadu_si512((const void *)(p + 256 + 64 * c));
                     const __m512i hb = j <= 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
-                    W[c] = _mm512_or_si512(W[c], _mm512_and_si512(hb, b4));
+                    W[c] = _mm512_or_si512(_mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, lo4),
+                                           _mm512_and_si512(hb, b4));
+                } else {  /* Q4_K odd sub-blocks: the high nibble in place (16 q), its scale / 16 */
+                    W[c] = _mm512_and_si512(v, j & 1 ? hi4 : lo4);
                 }
             }
 #pragma GCC unroll 8

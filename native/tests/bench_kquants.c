@@ -1,0 +1,114 @@
+/*
+ * bench_kquants.c — decode-shaped micro-benchmark of the K-quant and Q5_0
+ * matmul kernels against the machine's read bandwidth (not a test; build by
+ * hand):
+ *
+ *   cc -std=c11 -D_GNU_SOURCE -O2 -Inative/include -Inative/src \
+ *      native/tests/bench_kquants.c native/src/kernels*.c native/src/kquants*.c \
+ *      native/src/pool.c -lm -lpthread -o /tmp/bench_kquants && /tmp/bench_kquants [rows [n_out [MB]]]
+ *
+ * For each type, a set of matrices of the Qwen2.5-1.5B FFN shape (8960 x
+ * 1536) adding up to ~512 MB is cycled through, so the weights stream from
+ * DRAM as in decode; reported: GB/s of weight bytes per second of the
+ * thread's CPU time and of wall time, next to a plain AVX-512 / scalar read
+ * loop over the same bytes timed the same way.  The ratio kernel / read loop
+ * is the fraction of the memory-bound limit the kernel reaches on this
+ * machine, and CPU time keeps it meaningful when other processes share the
+ * cores (wall time does not).  A small n_out and MB (e.g. 1 896 1) keep the
+ * weights in cache: the kernel's compute throughput alone.
+ */
+#include "colibri.h"
+#include "kernels.h"
+#include "kquants.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static double clk(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static uint64_t rs = 88172645463325252ull;
+static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)rs; }
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static float read_loop(const uint8_t *p, size_t n) {
+    __m512i acc = _mm512_setzero_si512();
+    for (size_t i = 0; i + 256 <= n; i += 256) {
+        acc = _mm512_xor_si512(acc, _mm512_load_si512((const void *)(p + i)));
+        acc = _mm512_xor_si512(acc, _mm512_load_si512((const void *)(p + i + 64)));
+        acc = _mm512_xor_si512(acc, _mm512_load_si512((const void *)(p + i + 128)));
+        acc = _mm512_xor_si512(acc, _mm512_load_si512((const void *)(p + i + 192)));
+    }
+    return (float)_mm512_reduce_add_epi32(acc);
+}
+#endif
+
+int main(int argc, char **argv) {
+    const int rows = argc > 1 ? atoi(argv[1]) : 1;
+    const int simd = cb_simd_detect();
+    const cb_kernels *k = cb_kernels_get(simd);
+    const int64_t n_in = 1536, n_out = argc > 2 ? atoi(argv[2]) : 8960;
+    const size_t total = (size_t)(argc > 3 ? atoi(argv[3]) : 512) << 20;
+    const int types[] = { CB_TYPE_Q4_K, CB_TYPE_Q6_K, CB_TYPE_Q5_0, CB_TYPE_Q8_0, CB_TYPE_Q5_K };
+    float *x = malloc(sizeof(float) * (size_t)n_in * rows);
+    float *y = malloc(sizeof(float) * (size_t)n_out * rows);
+    for (int64_t i = 0; i < n_in * rows; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 500.0f;
+    void *scratch = aligned_alloc(64, cb_matmul_scratch(n_in, rows));
+    printf("simd %s, rows %d, shape %lld x %lld\n", cb_simd_name(simd), rows, (long long)n_out, (long long)n_in);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti];
+        const size_t mbytes = cb_type_size(type, n_in) * (size_t)n_out;
+        const int n_mat = (int)(total / mbytes) + 1;
+        cb_weight *w = calloc((size_t)n_mat, sizeof *w);
+        uint8_t *raw = cb_big_alloc(mbytes);
+        for (size_t i = 0; i < mbytes; i++) raw[i] = (uint8_t)rnd();
+        /* finite scales: every f16 field a small positive value */
+        const size_t bb = cb_type_block_bytes(type);
+        for (size_t b = 0; b < mbytes / bb; b++) {
+            uint8_t *blk = raw + b * bb;
+            const uint16_t h = 0x2000 + (rnd() & 0x3FF);
+            switch (type) {
+            case CB_TYPE_Q6_K: memcpy(blk + 208, &h, 2); break;
+            case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: memcpy(blk, &h, 2); memcpy(blk + 2, &h, 2); break;
+            default: memcpy(blk, &h, 2); break;
+            }
+        }
+        for (int i = 0; i < n_mat; i++) {
+            w[i].type = type; w[i].n_in = n_in; w[i].n_out = n_out; w[i].data = raw;
+            w[i].row_bytes = cb_type_size(type, n_in);
+            if (simd == CB_SIMD_AVX512 && !getenv("CB_BENCH_UNPACKED")) cb_pack_alloc(&w[i]);
+        }
+        uint8_t *reads = w[0].packed ? NULL : cb_big_alloc(mbytes * (size_t)n_mat);
+        for (int rep = 0; rep < 3; rep++) {
+            double c0 = clk(CLOCK_THREAD_CPUTIME_ID), t0 = clk(CLOCK_MONOTONIC);
+            for (int i = 0; i < n_mat; i++) cb_matmul(NULL, k, &w[i], x, rows, y, scratch);
+            double c1 = clk(CLOCK_THREAD_CPUTIME_ID), t1 = clk(CLOCK_MONOTONIC);
+            float sink = 0.0f;
+#if defined(__x86_64__)
+            if (simd == CB_SIMD_AVX512)
+                for (int i = 0; i < n_mat; i++)
+                    sink += read_loop(w[i].packed ? (const uint8_t *)w[i].packed : reads + (size_t)i * mbytes, mbytes);
+#endif
+            double c2 = clk(CLOCK_THREAD_CPUTIME_ID), t2 = clk(CLOCK_MONOTONIC);
+            const double gb = (double)mbytes * n_mat / 1e9;
+            printf("%-5s kernel %6.1f GB/s cpu %6.1f GB/s wall | read loop %6.1f cpu %6.1f wall | kernel/read %.2f (cpu)%s\n",
+                   cb_type_name(type), gb / (c1 - c0), gb / (t1 - t0), gb / (c2 - c1), gb / (t2 - t1),
+                   (c2 - c1) / (c1 - c0), sink == 12345.0f ? " " : "");
+            volatile float keep = sink; (void)keep;
+        }
+        for (int i = 0; i < n_mat; i++) free((void *)w[i].packed);
+        free(reads);
+        free(w);
+        free(raw);
+    }
+    free(x); free(y); free(scratch);
+    return 0;
+}
