@@ -622,18 +622,14 @@ def resolve(name_or_path: str | os.PathLike, pull: bool = True) -> Path:
 
 
 def _header_facts(path: Path) -> dict:
-    """Architecture, name, licence and quant mix from the file's GGUF header."""
+    """Architecture and quant mix from the file's GGUF header."""
     from .gguf_header import quant_mix, read_header
 
     h = read_header(path)
-    meta = h["metadata"]
     mix = quant_mix(h["tensors"])
     return {
-        "arch": meta.get("general.architecture"),
-        "name": meta.get("general.name"),
-        "gguf_license": meta.get("general.license"),
+        "arch": h["metadata"].get("general.architecture"),
         "quant": ", ".join(f"{t} {100 * share:.0f}%" for t, share in mix if share >= 0.005),
-        "n_tensors": len(h["tensors"]),
     }
 
 
