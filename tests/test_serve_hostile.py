@@ -206,6 +206,20 @@ def test_huge_enum_refused_fast_and_grammar_limits_400(server, engine):
     wait_idle(engine)
 
 
+def test_huge_prompt_refused_before_tokenizing(server):
+    """3 MiB of text would take seconds to tokenize; it cannot fit in 1024 tokens
+    whatever its tokens, so the answer comes at once."""
+    text = "hello world, this is some text. " * 100_000
+    for path, body in (("/v1/completions", {"model": "smollm2", "prompt": text, "max_tokens": 1}),
+                       ("/v1/chat/completions", {"model": "smollm2", "max_tokens": 1,
+                                                 "messages": [{"role": "user", "content": text}]}),
+                       ("/v1/responses", {"model": "smollm2", "input": text})):
+        t0 = time.perf_counter()
+        st, h, data = raw(server, "POST", path, body)
+        assert_openai_error(st, h, data, 400, code="context_length_exceeded")
+        assert time.perf_counter() - t0 < 2.0, path
+
+
 def test_deep_or_wide_schema_400(server):
     deep = {"type": "string"}
     for _ in range(100):

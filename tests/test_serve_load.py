@@ -134,3 +134,127 @@ def test_non_stream_disconnect_cancels(server, engine):
     while server.metrics.finished.get("cancelled", 0) == before and time.time() < deadline:
         time.sleep(0.05)
     assert server.metrics.finished.get("cancelled", 0) == before + 1
+
+
+N_SLOW = 64
+N_IDLE = 100
+N_GOOD = 8
+GOOD_REQUESTS = 20
+GOOD_MAX_TOKENS = 4
+
+
+def _good_client(port, jobs, ref, errors):
+    """One well-behaved client: sequential requests on one keep-alive connection."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        for p in jobs:
+            body = json.dumps({"model": "smollm2", "prompt": p, "max_tokens": GOOD_MAX_TOKENS, "temperature": 0})
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                           "Host": f"127.0.0.1:{port}"})
+            r = conn.getresponse()
+            data = r.read()
+            if r.status != 200:
+                errors.append((r.status, data[:200]))
+                continue
+            text = json.loads(data)["choices"][0]["text"]
+            if text != ref[p]:
+                errors.append(("wrong output", p, text, ref[p]))
+    except Exception as e:
+        errors.append(e)
+    finally:
+        conn.close()
+
+
+def test_hostile_mix_under_load(server, engine):
+    """Issue #18's load test: 16 streams (4 disconnect mid-stream), 64 slow-loris
+    sockets and 100 idle sockets open at once while 8 well-behaved clients each
+    complete 20 requests: every output is the greedy text of a solo run, the
+    dropped streams are cancelled, and afterwards every slot is free."""
+    ref, ref_stream = {}, {}
+    for p in PROMPTS:
+        for n, d in ((GOOD_MAX_TOKENS, ref), (MAX_TOKENS, ref_stream)):
+            st, _, data = raw(server, "POST", "/v1/completions",
+                              {"model": "smollm2", "prompt": p, "max_tokens": n, "temperature": 0})
+            assert st == 200
+            d[p] = json.loads(data)["choices"][0]["text"]
+    wait_idle(engine)
+    before = server.metrics.finished.get("cancelled", 0)
+    t0 = time.monotonic()
+
+    slow, idle, stop = [], [], threading.Event()
+    for _ in range(N_SLOW):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        s.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nX-A: ".encode())
+        slow.append(s)
+    for _ in range(N_IDLE):
+        idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=30))
+
+    def trickle():
+        while not stop.wait(1.0):
+            for s in slow:
+                try:
+                    s.send(b"a")
+                except OSError:
+                    pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    time.sleep(0.5)
+    held = server._httpd.registry.snapshot()["open"]
+
+    stream_res: dict[int, object] = {}
+
+    def streamer(i):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        drop = i < N_DROP
+        try:
+            s = _request(server.port, {"model": "smollm2", "prompt": prompt, "stream": True, "temperature": 0,
+                                       "max_tokens": DROP_MAX_TOKENS if drop else MAX_TOKENS})
+            buf = b""
+            with s:
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                    if drop and buf.count(b"data: ") >= 3:
+                        s.shutdown(socket.SHUT_RDWR)
+                        stream_res[i] = "dropped"
+                        return
+            stream_res[i] = _stream_text(buf)
+        except Exception as e:
+            stream_res[i] = e
+
+    errors: list = []
+    threads = [threading.Thread(target=streamer, args=(i,)) for i in range(N_CLIENTS)]
+    threads += [threading.Thread(target=_good_client, args=(
+        server.port, [PROMPTS[(g + k) % len(PROMPTS)] for k in range(GOOD_REQUESTS)], ref, errors))
+        for g in range(N_GOOD)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not any(t.is_alive() for t in threads)
+        # the hostile sockets were held the whole time (well below the connection cap)
+        assert held >= N_SLOW + N_IDLE, held
+        assert server.limits.max_connections >= N_SLOW + N_IDLE + N_CLIENTS + N_GOOD
+    finally:
+        stop.set()
+        for s in slow + idle:
+            s.close()
+    assert errors == [], errors[:5]
+    for i in range(N_CLIENTS):
+        r = stream_res.get(i)
+        assert r == ("dropped" if i < N_DROP else ref_stream[PROMPTS[i % len(PROMPTS)]]), (i, r)
+    wait_idle(engine, timeout=120)
+    for slot in range(engine.params["n_slots"]):
+        assert engine.core.slot_info(slot)["busy"] is False
+    deadline = time.time() + 10
+    while server.metrics.finished.get("cancelled", 0) - before < N_DROP and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.metrics.finished.get("cancelled", 0) - before == N_DROP
+    st, _, data = raw(server, "GET", "/health")
+    assert st == 200 and json.loads(data)["status"] == "ok"
+    print(f"hostile mix: {N_GOOD * GOOD_REQUESTS} good requests + {N_CLIENTS} streams in "
+          f"{time.monotonic() - t0:.1f} s with {held} connections held")

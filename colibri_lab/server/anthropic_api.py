@@ -109,6 +109,9 @@ def _tools(b: C.Body) -> prep.ToolMode:
         if choice is not None and choice.get("type") not in ("auto", "none"):
             raise bad("tool_choice needs tools", param="tool_choice")
         return prep.ToolMode()
+    from .limits import MAX_TOOLS
+    if len(tools) > MAX_TOOLS:
+        raise bad(f"at most {MAX_TOOLS} tools", param="tools")
     norm = []
     for i, t in enumerate(tools):
         w = f"tools[{i}]"

@@ -189,6 +189,7 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.endpoint = "other"
         try:
+            self.connection.settimeout(min(5.0, self.lim.read_timeout_s))
             self._send_json(e.status, ApiError(e.status, e.message, code=e.code).openai())
         except OSError:
             pass
@@ -261,6 +262,9 @@ class Handler(BaseHTTPRequestHandler):
             body = self._read_json() if method == "POST" else None
             if self.conn is not None:
                 self.conn.set("busy")
+            # the request is in: writes get the whole per-read timeout again (the
+            # reader may have left the socket with only the deadline's remainder)
+            self.connection.settimeout(self.lim.read_timeout_s)
             convert.bind(self.gone, self.lim.convert_timeout_s)
             try:
                 fn(self, body)

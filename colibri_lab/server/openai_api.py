@@ -121,6 +121,9 @@ def _tools(b: C.Body) -> prep.ToolMode:
         if tools is not None and len(tools) == 0:
             raise bad("tools must not be empty", param="tools")
         return prep.ToolMode()
+    from .limits import MAX_TOOLS
+    if len(tools) > MAX_TOOLS:
+        raise bad(f"at most {MAX_TOOLS} tools", param="tools")
     norm = []
     for i, t in enumerate(tools):
         w = f"tools[{i}]"
@@ -403,7 +406,7 @@ def _prompts(engine, v) -> list[list[int]]:
         if isinstance(p, str):
             if not p:
                 raise bad(f"{where} must not be empty", param="prompt")
-            return engine.tokenize(p)
+            return prep.tokenize(engine, p, "prompt")
         if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             bad_ids = [t for t in p if not 0 <= t < n_vocab]
             if bad_ids:

@@ -86,7 +86,36 @@ def chat_prompt_ids(engine, messages: list, tm: ToolMode) -> list[int]:
         prompt = engine.apply_chat_template(msgs, tools=tools_arg)
     except InvalidRequestError as e:
         raise bad(str(e), param="messages") from None
-    return engine.tokenize(prompt, add_special=False)
+    return tokenize(engine, prompt, "messages", add_special=False)
+
+
+_MAX_TOKEN_BYTES: dict = {}
+
+
+def max_token_bytes(engine) -> int:
+    """The longest token of the vocabulary, in bytes (computed once per model)."""
+    key = id(engine.model)
+    n = _MAX_TOKEN_BYTES.get(key)
+    if n is None:
+        m = engine.model
+        n = max(1, max(len(m.token_bytes(t)) for t in range(int(engine.info["n_vocab"]))))
+        _MAX_TOKEN_BYTES[key] = n
+    return n
+
+
+def tokenize(engine, text: str, param: str, add_special=None) -> list[int]:
+    """Tokenize request text, refusing at once a text that cannot fit in the
+    context: a token covers at most max_token_bytes bytes, so a text of B bytes
+    has at least B / max_token_bytes tokens.  Tokenizing the 4 MiB a body may
+    hold costs seconds of CPU that a context_length_exceeded answer need not."""
+    n_ctx = int(engine.params["n_ctx"])
+    n_bytes = len(text.encode("utf-8"))
+    least = -(-n_bytes // max_token_bytes(engine))
+    if least >= n_ctx:
+        raise ApiError(400, f"This model's maximum context length is {n_ctx} tokens, but the {param} text has "
+                            f"{n_bytes} bytes, at least {least} tokens.", param=param,
+                       code="context_length_exceeded")
+    return engine.tokenize(text, add_special=add_special)
 
 
 def derived_conversation(engine, messages: list) -> str | None:

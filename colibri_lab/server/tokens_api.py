@@ -47,7 +47,7 @@ def tokenize(ctx, data) -> None:
             ids = engine.tokenize("", add_special=True) + ids
     else:
         text = b.str(given[0])
-        ids = engine.tokenize(text, add_special=add)
+        ids = prep.tokenize(engine, text, given[0], add_special=add)
     out = {"count": len(ids), "max_model_len": int(engine.params["n_ctx"])}
     if b.bool("with_pieces", False):
         out["tokens"] = [{"id": t, "piece": engine.model.token_bytes(t).decode("utf-8", "replace")} for t in ids]
