@@ -17,7 +17,9 @@ from test_batching import run_requests
 
 pytestmark = pytest.mark.realmodels
 
-ALIASES = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma3-270m"]
+# (alias, SIMD level): the default level everywhere, and the AVX2 panel kernels once
+CASES = [("qwen2.5-coder-1.5b", "auto"), ("qwen2.5-coder-0.5b", "auto"), ("gemma3-270m", "auto"),
+         ("qwen2.5-coder-0.5b", "avx2")]
 
 
 def _prompts(n_vocab, seed):
@@ -25,8 +27,10 @@ def _prompts(n_vocab, seed):
     return [rng.integers(100, min(n_vocab, 30_000), int(rng.integers(5, 14))).tolist() for _ in range(8)]
 
 
-@pytest.mark.parametrize("alias", ALIASES)
-def test_alone_vs_batch_of_8_bit_identical(real_model, alias):
+@pytest.mark.parametrize("alias,simd", CASES)
+def test_alone_vs_batch_of_8_bit_identical(real_model, alias, simd):
+    if simd != "auto" and simd not in _engine.simd_available():
+        pytest.skip(f"CPU lacks {simd}")
     try:
         model = _engine.Model(str(real_model(alias)))
     except Exception as exc:  # gemma3 lands with its architecture; say so rather than pass
@@ -35,11 +39,11 @@ def test_alone_vs_batch_of_8_bit_identical(real_model, alias):
         raise
     prompts = _prompts(model.n_vocab, seed=len(alias))
     n_tok = 4
-    solo = _engine.Engine(model, n_slots=1, n_ctx=64, n_threads=2)
+    solo = _engine.Engine(model, n_slots=1, n_ctx=64, n_threads=2, simd=simd)
     alone = run_requests(solo, [(prompts[0], dict(max_tokens=n_tok))])[0]
     solo.close()
     assert alone["error"] is None and len(alone["tokens"]) == n_tok
-    core = _engine.Engine(model, n_slots=8, n_ctx=64, n_threads=2)
+    core = _engine.Engine(model, n_slots=8, n_ctx=64, n_threads=2, simd=simd)
     # the target joins after the others have started: its prefill shares steps with their decode rows
     mixed = run_requests(core, [(p, dict(max_tokens=n_tok + i % 3)) for i, p in enumerate(prompts[1:])]
                          + [(prompts[0], dict(max_tokens=n_tok))])

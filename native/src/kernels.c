@@ -513,6 +513,12 @@ void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n
 
 /* ------------------------------------------------------------ panel layout */
 
+int cb_pack_wanted(int simd, int type) {
+    if (simd == CB_SIMD_AVX512) return cb_pack_block_bytes(type) != 0;
+    if (simd == CB_SIMD_AVX2) return type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K;
+    return 0;
+}
+
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out) {
     const size_t pb = cb_pack_block_bytes(type);
     const int blk = cb_type_block(type);
@@ -611,9 +617,10 @@ int cb_kernel_matmul(int type, const void *w, int n_out, int n_in,
     wt.type = type; wt.n_in = n_in; wt.n_out = n_out; wt.data = w;
     wt.row_bytes = cb_type_size(type, n_in);
     wt.packed = NULL;
-    /* As the engine does at model load: AVX-512 reads the panel layout. */
+    /* As the engine does at model load: AVX-512 reads the panel layout, AVX2
+     * that of the K-quants (cb_pack_wanted). */
     void *packed = NULL;
-    if (simd == CB_SIMD_AVX512 && cb_pack_bytes(type, n_in, n_out)) {
+    if (cb_pack_wanted(simd, type) && cb_pack_bytes(type, n_in, n_out)) {
         packed = cb_pack_alloc(&wt);
         if (!packed) return CB_ERR_NOMEM;
     }

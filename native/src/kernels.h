@@ -140,6 +140,10 @@ static inline size_t cb_pack_block_bytes(int type) {
     default: return 0;
     }
 }
+/* 1 if the kernels of SIMD level `simd` read matrices of `type` in the
+ * panel layout: every packable type at AVX-512, the K-quants Q4_K / Q5_K /
+ * Q6_K at AVX2 (two halves of 8 outputs per panel), none at scalar. */
+int cb_pack_wanted(int simd, int type);
 /* Bytes of the panel layout of a type's n_out x n_in matrix (0: none,
  * including rows past CB_PACK_MAX_BLOCKS). */
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out);

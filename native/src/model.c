@@ -520,9 +520,9 @@ typedef struct { cb_weight *w; int64_t rows; } pack_item;
 /* The model's quantized matrices (output last; tied output is tok_embd's
  * data, whose file layout stays for embedding lookups).  Returns the count;
  * items may be NULL to count only. */
-static int pack_list(cb_model *m, pack_item *items) {
+static int pack_list(cb_model *m, int simd, pack_item *items) {
     int n = 0;
-#define P(W, R) do { if ((W).data && cb_pack_bytes((W).type, (W).n_in, (R))) { \
+#define P(W, R) do { if ((W).data && cb_pack_wanted(simd, (W).type) && cb_pack_bytes((W).type, (W).n_in, (R))) { \
         if (items) { items[n].w = &(W); items[n].rows = (R); } n++; } } while (0)
     for (int l = 0; l < m->info.n_layer; l++) {
         cb_layer *L = &m->layers[l];
@@ -539,18 +539,20 @@ static int pack_list(cb_model *m, pack_item *items) {
 }
 
 /* Build the panel layout of every quantized matrix when this CPU runs the
- * AVX-512 kernels (engines at other SIMD levels keep reading the file
- * layout through the mapping).  Afterwards the file pages of the packed
+ * AVX-512 kernels, of the K-quant matrices when it runs AVX2 ones
+ * (cb_pack_wanted; engines at other levels and other types keep reading the
+ * file layout through the mapping).  Afterwards the file pages of the packed
  * ranges are dropped from this process (they fault back in from the page
  * cache when a scalar / AVX2 engine or an embedding lookup of a tied output
  * reads them), so resident memory stays about one copy of the weights. */
 static int pack_weights(cb_model *m, char *err, size_t err_len) {
-    if (!cb_kernels_get(CB_SIMD_AVX512)) return CB_OK;
-    const int n = pack_list(m, NULL);
+    const int simd = cb_kernels_get(CB_SIMD_AVX512) ? CB_SIMD_AVX512 : cb_kernels_get(CB_SIMD_AVX2) ? CB_SIMD_AVX2 : 0;
+    if (!simd) return CB_OK;
+    const int n = pack_list(m, simd, NULL);
     if (n == 0) return CB_OK;
     pack_item *items = malloc((size_t)n * sizeof *items);
     if (!items) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
-    pack_list(m, items);
+    pack_list(m, simd, items);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const cb_weight *w = items[i].w;

@@ -53,7 +53,7 @@ __attribute__((target("avx512f"))) static float read_loop(const uint8_t *p, size
 
 int main(int argc, char **argv) {
     const int rows = argc > 1 ? atoi(argv[1]) : 1;
-    const int simd = cb_simd_detect();
+    const int simd = getenv("CB_BENCH_SIMD") ? atoi(getenv("CB_BENCH_SIMD")) : cb_simd_detect();  /* 0 scalar, 1 avx2, 2 avx512 */
     const cb_kernels *k = cb_kernels_get(simd);
     const int64_t n_in = 1536, n_out = argc > 2 ? atoi(argv[2]) : 8960;
     const size_t total = (size_t)(argc > 3 ? atoi(argv[3]) : 512) << 20;
@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_mat; i++) {
             w[i].type = type; w[i].n_in = n_in; w[i].n_out = n_out; w[i].data = raw;
             w[i].row_bytes = cb_type_size(type, n_in);
-            if (simd == CB_SIMD_AVX512 && !getenv("CB_BENCH_UNPACKED")) cb_pack_alloc(&w[i]);
+            if (cb_pack_wanted(simd, type) && !getenv("CB_BENCH_UNPACKED")) cb_pack_alloc(&w[i]);
         }
         uint8_t *reads = w[0].packed ? NULL : cb_big_alloc(mbytes * (size_t)n_mat);
         for (int rep = 0; rep < 3; rep++) {
