@@ -29,8 +29,8 @@ U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 _SCALAR_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i",
                F32: "<f", BOOL: "<B", U64: "<Q", I64: "<q", F64: "<d"}
 # GGML tensor types used here, with (elements per block, bytes per block).
-T_F32, T_Q8_0, T_Q3_K = 0, 8, 11
-_BLOCK = {T_F32: (1, 4), T_Q8_0: (32, 34), T_Q3_K: (256, 110)}
+T_F32, T_Q8_0, T_IQ4_XS = 0, 8, 23
+_BLOCK = {T_F32: (1, 4), T_Q8_0: (32, 34), T_IQ4_XS: (256, 136)}
 
 
 def _str(s: str | bytes) -> bytes:
@@ -384,11 +384,11 @@ def test_duplicate_tensor_name(tmp_path):
 # --------------------------------------------- well-formed but not loadable
 
 def test_unsupported_tensor_type(tmp_path):
-    """Q3_K is a real GGML type the engine does not compute with: the file is
-    well-formed, so this is UnsupportedModelError naming the type."""
-    tensors = BASE_TENSORS + [("blk.0.ffn_down.weight", [256, 2], T_Q3_K)]
+    """IQ4_XS is a real GGML type the engine does not compute with: the file is
+    well-formed, so this is UnsupportedModelError naming the tensor and type."""
+    tensors = BASE_TENSORS + [("blk.0.ffn_down.weight", [256, 2], T_IQ4_XS)]
     p = write(tmp_path, build(BASE_KVS, tensors).data)
-    with pytest.raises(UnsupportedModelError, match=r"Q3_K"):
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_down\.weight.*IQ4_XS"):
         from colibri_lab import _engine
         _engine.Model(str(p))
 

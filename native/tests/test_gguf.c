@@ -606,8 +606,8 @@ static void test_tensors(void)
     wfree(&b);
     /* known GGML type the engine does not compute with */
     uint64_t nek[2] = {256, 2};
-    one_tensor(&b, "blk.0.attn_k.weight", 2, nek, 11, 0, 2 * 110);
-    EXPECT_FAIL(&b, CB_ERR_UNSUPPORTED, "tensor 'blk.0.attn_k.weight' has unsupported tensor type Q3_K (11)");
+    one_tensor(&b, "blk.0.attn_k.weight", 2, nek, 23, 0, 2 * 136);
+    EXPECT_FAIL(&b, CB_ERR_UNSUPPORTED, "tensor 'blk.0.attn_k.weight' has unsupported tensor type IQ4_XS (23)");
     wfree(&b);
     /* ... but a malformed one is still a format error */
     one_tensor(&b, "t", 2, ne, 12, 0, 2 * 144);  /* ne[0] = 32 is not a multiple of 256 */
