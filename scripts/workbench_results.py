@@ -1,6 +1,7 @@
 """Render docs/workbench_results.md from the saved runs under experiments/results/.
 
     python scripts/workbench_results.py [--root experiments/results] [--out docs/workbench_results.md]
+    python scripts/workbench_results.py --section experiments/results/serving/<timestamp>   # one run
 
 Every section is computed from one saved run (the latest per experiment and
 model): where it came from (command, commit and dirty flag, machine, SIMD
@@ -142,7 +143,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=str(ROOT / "experiments" / "results"))
     ap.add_argument("--out", default=str(ROOT / "docs" / "workbench_results.md"))
+    ap.add_argument("--section", default=None, metavar="RUN",
+                    help="print the section of one saved run (e.g. for docs/bench/serve.md) instead")
     a = ap.parse_args(argv)
+    if a.section:
+        print(section(Path(a.section).resolve()))
+        return 0
     parts = [HEAD] + [section(p) for p in latest_runs(Path(a.root).resolve())]
     Path(a.out).write_text("\n".join(parts))
     print(f"wrote {a.out} ({len(parts) - 1} runs)")

@@ -243,7 +243,7 @@ class ServeRunner:
         base = dict(experiment=spec.name, variant=v.name, repeat=rep, block=block_i, workload=self.workload.name,
                     concurrency=arrival.concurrency, arrival=arrival.label(),
                     rate=arrival.rate if arrival.kind == "poisson" else float("nan"),
-                    server=s["kind"], model=target.model, worker=worker, hostname=socket.gethostname(),
+                    server=s.get("label") or s["kind"], model=target.model, worker=worker, hostname=socket.gethostname(),
                     cpu_model=cpu_model(), simd=simd, shard=0)
         done: list[dict] = []
 

@@ -52,6 +52,8 @@ process.  A `[serve]` table makes a spec one; its keys (and a variant's
     kind = "colibri"        # "colibri": start our server (python -m colibri_lab.serve) on loopback
                             # "llama.cpp": start llama-cpp-python's server (the anchor) on loopback
                             # "url": an already running server at base_url
+    label = "colibri"       # the `server` column of the rows (default: kind); tells apart two
+                            # variants of one kind, e.g. llama.cpp at 2 threads and at 1
     base_url = "http://127.0.0.1:8080"     # kind = "url" only
     model_id = "smollm2"    # the model name sent in requests (default: the engine model's alias / file stem)
     slo = "ttft:2000 tpot:200"             # goodput SLO (ms; vLLM's --goodput syntax)
@@ -277,8 +279,8 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
         description=d.get("description", ""), source=source)
 
 
-SERVE_KEYS = ("kind", "base_url", "model_id", "slo", "args", "python", "metrics", "timeout_s", "startup_timeout_s",
-              "api_key", "block_timeout_s")
+SERVE_KEYS = ("kind", "label", "base_url", "model_id", "slo", "args", "python", "metrics", "timeout_s",
+              "startup_timeout_s", "api_key", "block_timeout_s")
 
 
 def _serve_table(t) -> dict | None:
