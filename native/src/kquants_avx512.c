@@ -207,33 +207,46 @@ KQ_ATTR static INL void kp_tile(const int type, const int R, const uint8_t *pane
     else kp_tile_q45(type == CB_TYPE_Q5_K, R, panel, nsb, nb, xr, y, ldy, m, pf);
 }
 
+/* Activation bytes (int8 blocks) of one row block: the rows whose blocks
+ * stay in L2 while every panel of the work item passes over them. */
+#define KP_ROW_BLOCK_BYTES (192 * 1024)
+
 /* Panels over outputs [o0, o1) (o0 a multiple of CB_PANEL) for rows
- * [0, n_rows): panel outer (its weights stay in L1 / L2 across row tiles),
- * row tiles inner; the first tile prefetches the panel KP_PF_PANELS ahead. */
+ * [0, n_rows): row blocks outer (a prefill's activations would not stay in
+ * L2 across the panels otherwise: 512 rows of 1536 inputs are ~1 MB of
+ * blocks, re-read from L3 for every panel), panels inner (a panel stays in
+ * L1 across the row tiles of a block), then row tiles; the first tile of a
+ * panel prefetches the panel KP_PF_PANELS ahead.  The split changes which
+ * tile a row is in, never the order of a row's float steps. */
 KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_block_q8 *xq, const int32_t *xc,
                                 int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nsb = w->n_in / CB_QK_K, nb = w->n_in / CB_QK;
     const size_t pb = cb_pack_block_bytes(type), psz = (size_t)nsb * pb;
-    for (int64_t o = o0; o < o1; o += CB_PANEL) {
-        const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
-        const __mmask16 m = kp_mask(o1 - o);
-        const uint8_t *pf = o + KP_PF_PANELS * CB_PANEL < w->n_out ? panel + KP_PF_PANELS * psz : NULL;
-        int r = 0;
-        for (; r + KP_ROWS <= n_rows; r += KP_ROWS, pf = NULL)
-            kp_tile(type, KP_ROWS, panel, nsb, nb, xq + (int64_t)r * nb, xc ? xc + 2 * (int64_t)r * nb : NULL,
-                    y + r * ldy + o, ldy, m, pf);
-        const cb_block_q8 *xr = xq + (int64_t)r * nb;
-        const int32_t *xcr = xc ? xc + 2 * (int64_t)r * nb : NULL;
-        float *yr = y + r * ldy + o;
-        switch (n_rows - r) {
-        case 7: kp_tile(type, 7, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
-        case 6: kp_tile(type, 6, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
-        case 5: kp_tile(type, 5, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
-        case 4: kp_tile(type, 4, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
-        case 3: kp_tile(type, 3, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
-        case 2: kp_tile(type, 2, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
-        case 1: kp_tile(type, 1, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
-        default: break;
+    int rb = (int)(KP_ROW_BLOCK_BYTES / ((size_t)nb * sizeof(cb_block_q8)));
+    rb = rb < KP_ROWS ? KP_ROWS : rb - rb % KP_ROWS;
+    for (int r0 = 0; r0 < n_rows; r0 += rb) {
+        const int r1 = r0 + rb < n_rows ? r0 + rb : n_rows;
+        for (int64_t o = o0; o < o1; o += CB_PANEL) {
+            const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
+            const __mmask16 m = kp_mask(o1 - o);
+            const uint8_t *pf = o + KP_PF_PANELS * CB_PANEL < w->n_out ? panel + KP_PF_PANELS * psz : NULL;
+            int r = r0;
+            for (; r + KP_ROWS <= r1; r += KP_ROWS, pf = NULL)
+                kp_tile(type, KP_ROWS, panel, nsb, nb, xq + (int64_t)r * nb, xc ? xc + 2 * (int64_t)r * nb : NULL,
+                        y + r * ldy + o, ldy, m, pf);
+            const cb_block_q8 *xr = xq + (int64_t)r * nb;
+            const int32_t *xcr = xc ? xc + 2 * (int64_t)r * nb : NULL;
+            float *yr = y + r * ldy + o;
+            switch (r1 - r) {
+            case 7: kp_tile(type, 7, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
+            case 6: kp_tile(type, 6, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
+            case 5: kp_tile(type, 5, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
+            case 4: kp_tile(type, 4, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
+            case 3: kp_tile(type, 3, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
+            case 2: kp_tile(type, 2, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
+            case 1: kp_tile(type, 1, panel, nsb, nb, xr, xcr, yr, ldy, m, pf); break;
+            default: break;
+            }
         }
     }
 }

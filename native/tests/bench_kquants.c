@@ -5,7 +5,7 @@
  *
  *   cc -std=c11 -D_GNU_SOURCE -O2 -Inative/include -Inative/src \
  *      native/tests/bench_kquants.c native/src/kernels*.c native/src/kquants*.c \
- *      native/src/pool.c -lm -lpthread -o /tmp/bench_kquants && /tmp/bench_kquants [rows [n_out [MB]]]
+ *      native/src/pool.c -lm -lpthread -o /tmp/bench_kquants && /tmp/bench_kquants [rows [n_out [MB [n_in]]]]
  *
  * For each type, a set of matrices of the Qwen2.5-1.5B FFN shape (8960 x
  * 1536) adding up to ~512 MB is cycled through, so the weights stream from
@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
     const int rows = argc > 1 ? atoi(argv[1]) : 1;
     const int simd = getenv("CB_BENCH_SIMD") ? atoi(getenv("CB_BENCH_SIMD")) : cb_simd_detect();  /* 0 scalar, 1 avx2, 2 avx512 */
     const cb_kernels *k = cb_kernels_get(simd);
-    const int64_t n_in = 1536, n_out = argc > 2 ? atoi(argv[2]) : 8960;
+    const int64_t n_out = argc > 2 ? atoi(argv[2]) : 8960, n_in = argc > 4 ? atoi(argv[4]) : 1536;
     const size_t total = (size_t)(argc > 3 ? atoi(argv[3]) : 512) << 20;
     const int types[] = { CB_TYPE_Q4_K, CB_TYPE_Q6_K, CB_TYPE_Q5_0, CB_TYPE_Q8_0, CB_TYPE_Q5_K };
     float *x = malloc(sizeof(float) * (size_t)n_in * rows);
