@@ -74,12 +74,13 @@ cdef extern from "colibri.h" nogil:
     ctypedef struct cb_engine_params:
         int n_slots, n_ctx, n_threads, n_batch, n_chunk, simd, prefix_reuse, kv_f16
         const cb_model *draft_model
+        const cb_model *xdraft_model
         int layer_skip
         const int32_t *skip_layers
         int n_skip_layers
 
     enum:
-        CB_SPEC_GRAMMAR, CB_SPEC_LOOKUP, CB_SPEC_DRAFT, CB_SPEC_LAYERSKIP, CB_SPEC_N_SOURCES, CB_SPEC_MAX_K
+        CB_SPEC_GRAMMAR, CB_SPEC_LOOKUP, CB_SPEC_DRAFT, CB_SPEC_LAYERSKIP, CB_SPEC_XDRAFT, CB_SPEC_N_SOURCES, CB_SPEC_MAX_K
     ctypedef struct cb_spec_params:
         int sources, k_max, adaptive, ngram_max, ngram_min
     cb_spec_params cb_spec_default_params()
@@ -139,10 +140,11 @@ cdef extern from "colibri.h" nogil:
         int prompt_tokens, cached_tokens, completion_tokens
         double queue_ms, ttft_ms, prefill_ms, decode_ms, e2e_ms, tpot_ms, decode_tok_s
         int draft_n, draft_accepted, draft_steps
-        int draft_n_source[4]
-        int draft_accepted_source[4]
+        int draft_n_source[5]
+        int draft_accepted_source[5]
         int draft_n_pos[16]
         int draft_accepted_pos[16]
+        double draft_ms
         int64_t experts_routed
         int experts_unique
         double grammar_mask_us
@@ -183,6 +185,8 @@ cdef extern from "colibri.h" nogil:
     int cb_engine_slot_clear(cb_engine *engine, int slot)
     int cb_engine_forward(cb_engine *engine, int slot, const int32_t *tokens, int n, int pos,
                           float *logits_out, char *err, size_t err_len)
+    int cb_engine_forward_argmax(cb_engine *engine, int slot, const int32_t *tokens, int n, int pos,
+                                 const uint8_t *skip, int32_t *argmax_out, char *err, size_t err_len)
 
     int cb_kernel_matmul(int type, const void *w, int n_out, int n_in, const float *x, int n_rows,
                          float *y, int simd, int n_threads)
@@ -194,8 +198,8 @@ DEF ERR_LEN = 512
 DEF EVENT_CAP = 512
 
 SPEC_SOURCES = {"grammar": CB_SPEC_GRAMMAR, "prompt_lookup": CB_SPEC_LOOKUP, "draft": CB_SPEC_DRAFT,
-                "layer_skip": CB_SPEC_LAYERSKIP}
-SPEC_SOURCE_ORDER = ("grammar", "prompt_lookup", "draft", "layer_skip")  # bit order = priority order
+                "layer_skip": CB_SPEC_LAYERSKIP, "cross_vocab": CB_SPEC_XDRAFT}
+SPEC_SOURCE_ORDER = ("grammar", "prompt_lookup", "draft", "layer_skip", "cross_vocab")  # bit order
 SPEC_KEYS = {"sources", "k_max", "adaptive", "ngram_max", "ngram_min"}
 
 SIMD_NAMES = {"scalar": CB_SIMD_SCALAR, "avx2": CB_SIMD_AVX2, "avx512": CB_SIMD_AVX512, "auto": CB_SIMD_AUTO}
@@ -561,8 +565,12 @@ cdef dict _metrics_dict(const cb_request_metrics *m):
         draft_steps=m.draft_steps,
         accept_rate=(m.draft_accepted / m.draft_n) if m.draft_n else 0.0,
         accept_len_mean=(1.0 + m.draft_accepted / m.draft_steps) if m.draft_steps else 0.0,
-        draft_n_by_source={SPEC_SOURCE_ORDER[b]: m.draft_n_source[b] for b in range(4) if m.draft_n_source[b]},
-        draft_accepted_by_source={SPEC_SOURCE_ORDER[b]: m.draft_accepted_source[b] for b in range(4) if m.draft_n_source[b]},
+        draft_n_by_source={SPEC_SOURCE_ORDER[b]: m.draft_n_source[b] for b in range(CB_SPEC_N_SOURCES)
+                           if m.draft_n_source[b]},
+        draft_accepted_by_source={SPEC_SOURCE_ORDER[b]: m.draft_accepted_source[b] for b in range(CB_SPEC_N_SOURCES)
+                                  if m.draft_n_source[b]},
+        draft_ms=m.draft_ms,
+        draft_time_share=(m.draft_ms / m.decode_ms) if m.decode_ms > 0 else 0.0,
         draft_n_by_pos=n_pos,
         draft_accepted_by_pos=[m.draft_accepted_pos[i] for i in range(len(n_pos))])
     return dict(spec,
@@ -592,16 +600,20 @@ cdef class Engine:
         self.in_step = False
 
     cdef readonly Model draft_model
+    cdef readonly Model xdraft_model
 
     def __init__(self, Model model not None, int n_slots=1, int n_ctx=0, int n_threads=0, int n_batch=0,
                  int n_chunk=0, simd="auto", prefix_reuse=True, Model draft_model=None, layer_skip=False,
-                 skip_layers=None, kv_f16=True):
+                 skip_layers=None, kv_f16=True, Model xdraft_model=None):
         model._check()
         cdef cb_engine_params p = cb_engine_default_params()
         cdef cnp.ndarray[cnp.int32_t, ndim=1] skip = np.asarray(list(skip_layers or []), dtype=np.int32)
         if draft_model is not None:
             draft_model._check()
             p.draft_model = draft_model.ptr
+        if xdraft_model is not None:
+            xdraft_model._check()
+            p.xdraft_model = xdraft_model.ptr
         p.layer_skip = 1 if (layer_skip or skip_layers) else 0
         if skip_layers:
             p.skip_layers = <const int32_t *>cnp.PyArray_DATA(skip)
@@ -625,6 +637,7 @@ cdef class Engine:
             _raise(rc, _err_str(err))
         self.model = model
         self.draft_model = draft_model
+        self.xdraft_model = xdraft_model
         self.n_vocab = model.n_vocab
         self.events = <cb_event *>malloc(EVENT_CAP * sizeof(cb_event))
         if self.events == NULL:
@@ -853,6 +866,37 @@ cdef class Engine:
         try:
             with nogil:
                 rc = cb_engine_forward(self.ptr, slot, tp, n, pos, op, err, ERR_LEN)
+        finally:
+            self.in_step = False
+        if rc != CB_OK:
+            _raise(rc, _err_str(err))
+        return out
+
+    def forward_argmax(self, int slot, tokens, int pos=0, skip=None):
+        """Teacher-forced greedy tokens of `tokens` at [pos, pos+n) on an idle slot, with the layers in
+        `skip` (indices) left out: int32 [n].  Layer-skip calibration; clear the slot before decoding on it."""
+        self._check()
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef int n = toks.shape[0]
+        if n == 0:
+            raise errors.InvalidRequestError("forward needs at least one token")
+        n_layer = self.model.info["n_layer"]
+        cdef cnp.ndarray[cnp.uint8_t, ndim=1] mask = np.zeros(max(1, n_layer), dtype=np.uint8)
+        for l in (skip or ()):
+            if not 0 <= int(l) < n_layer:
+                raise errors.InvalidRequestError(f"skip layer {l} is out of range [0, {n_layer})")
+            mask[int(l)] = 1
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] out = np.empty(n, dtype=np.int32)
+        cdef char err[ERR_LEN]
+        cdef int rc
+        cdef const int32_t *tp = <const int32_t *>cnp.PyArray_DATA(toks)
+        cdef const uint8_t *mp = <const uint8_t *>cnp.PyArray_DATA(mask)
+        cdef int32_t *op = <int32_t *>cnp.PyArray_DATA(out)
+        err[0] = 0
+        self.in_step = True
+        try:
+            with nogil:
+                rc = cb_engine_forward_argmax(self.ptr, slot, tp, n, pos, mp, op, err, ERR_LEN)
         finally:
             self.in_step = False
         if rc != CB_OK:

@@ -103,12 +103,17 @@ class Engine:
     n_slots: concurrent sequences.  simd: "auto" | "avx512" | "avx2" | "scalar".
     kv_f16: keep the KV cache in f16 (default; half the memory and attention
     reads, as llama.cpp's default cache type) or, False, in f32.
+    Speculative decoding resources: draft_model (alias or path; must have the
+    target's vocabulary, checked token by token), cross_vocab_draft (a draft
+    model with another byte-level BPE tokenizer; source "cross_vocab"),
+    layer_skip (the target with blocks skipped; skip_layers=None uses the
+    measured calibration of colibri_lab.speculative, cached per model file).
     """
 
     def __init__(self, model: str = "smollm2", *, n_threads: int = 0, n_ctx: int = 2048, n_slots: int = 1,
                  n_batch: int = 0, n_chunk: int = 0, simd: str = "auto", prefix_reuse: bool = True,
                  max_queue: int = 256, draft_model: str | None = None, layer_skip: bool = False,
-                 skip_layers=None, kv_f16: bool = True):
+                 skip_layers=None, kv_f16: bool = True, cross_vocab_draft: str | None = None):
         self.model_path = models.resolve(model)
         self.model_name = str(model)
         self.model = _engine.Model(str(self.model_path))
@@ -118,10 +123,18 @@ class Engine:
         self.tokenizer = Tokenizer.from_metadata(meta)
         self.chat_template = chat_mod.template_from_metadata(meta)
         self.draft = _engine.Model(str(models.resolve(draft_model))) if draft_model else None
+        self.cross_draft = _engine.Model(str(models.resolve(cross_vocab_draft))) if cross_vocab_draft else None
+        self.layer_skip_calibration = None
+        if layer_skip and skip_layers is None:
+            from colibri_lab.speculative import layer_skip_for
+
+            self.layer_skip_calibration = layer_skip_for(self.model, self.model_path, self.tokenizer,
+                                                         n_threads=n_threads)
+            skip_layers = self.layer_skip_calibration.skip_layers
         self.core = _engine.Engine(self.model, n_slots=n_slots, n_ctx=min(n_ctx, max(2, self.info["n_ctx_train"])),
                                    n_threads=n_threads, n_batch=n_batch, n_chunk=n_chunk, simd=simd,
                                    prefix_reuse=prefix_reuse, draft_model=self.draft, layer_skip=layer_skip,
-                                   skip_layers=skip_layers, kv_f16=kv_f16)
+                                   skip_layers=skip_layers, kv_f16=kv_f16, xdraft_model=self.cross_draft)
         self.params = self.core.params
         self.scheduler = Scheduler(self.core, max_queue=max_queue)
         self._grammars: collections.OrderedDict[str, _engine.Grammar] = collections.OrderedDict()

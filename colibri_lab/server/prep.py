@@ -143,7 +143,7 @@ def budget(engine, n_prompt: int, max_tokens: int | None, param: str = "messages
 
 
 SPEC_KEYS = {"sources", "k_max", "adaptive", "ngram_max", "ngram_min", "enabled"}
-SPEC_SOURCES = ("grammar", "prompt_lookup", "draft", "layer_skip")
+SPEC_SOURCES = ("grammar", "prompt_lookup", "draft", "layer_skip", "cross_vocab")
 
 
 def speculative(engine, v) -> dict | None:

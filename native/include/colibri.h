@@ -153,7 +153,10 @@ typedef struct {
     int prefix_reuse; /* 1: reuse a slot's KV for a common prompt prefix (default 1)    */
     int kv_f16;       /* 1: KV cache in f16, half the memory and attention reads (default 1); 0: f32 */
     /* speculative decoding resources (allocated at cb_engine_new) */
-    const cb_model *draft_model;  /* nullable: a second model sharing the vocabulary, drafts with its own KV per slot */
+    const cb_model *draft_model;  /* nullable: a second model with the same vocabulary (checked token by token),
+                                     drafts with its own KV per slot */
+    const cb_model *xdraft_model; /* nullable: a draft model with ANOTHER byte-level BPE vocabulary; drafts text
+                                     that is re-tokenized into the target's (source CB_SPEC_XDRAFT) */
     int  layer_skip;              /* 1: allocate a self-speculative drafter that runs the target with layers skipped */
     const int32_t *skip_layers;   /* layers the layer-skip drafter skips (copied); NULL = every fourth block of the middle half */
     int  n_skip_layers;
@@ -247,10 +250,11 @@ typedef enum {
     CB_SPEC_GRAMMAR    = 1,  /* bytes the grammar forces, tokenized */
     CB_SPEC_LOOKUP     = 2,  /* n-gram match in the prompt and output so far */
     CB_SPEC_DRAFT      = 4,  /* the engine's draft model (greedy) */
-    CB_SPEC_LAYERSKIP  = 8   /* the target with layers skipped (greedy) */
+    CB_SPEC_LAYERSKIP  = 8,  /* the target with layers skipped (greedy) */
+    CB_SPEC_XDRAFT     = 16  /* the cross-vocabulary draft model (greedy in its vocabulary) */
 } cb_spec_source;
 
-#define CB_SPEC_N_SOURCES 4
+#define CB_SPEC_N_SOURCES 5
 #define CB_SPEC_MAX_K     16
 
 typedef struct {
@@ -331,6 +335,8 @@ typedef struct {
     int    draft_n_pos[CB_SPEC_MAX_K];               /* drafts verification reached at position i
                                                         (all earlier ones accepted): rates are conditional */
     int    draft_accepted_pos[CB_SPEC_MAX_K];        /* of those, accepted */
+    double draft_ms;             /* time spent drafting for this request (a drafter pass shared by
+                                    several requests is split by the tokens each got) */
     int64_t experts_routed;      /* MoE: (token, layer, expert) routings of this request's rows */
     int    experts_unique;       /* MoE: distinct (layer, expert) pairs this request touched */
     double grammar_mask_us;      /* mean time per grammar mask (0 without a grammar) */
@@ -426,6 +432,14 @@ int cb_engine_slot_clear(cb_engine *engine, int slot);
  * history is truncated to pos and extended by tokens. */
 int cb_engine_forward(cb_engine *engine, int slot, const int32_t *tokens, int n,
                       int pos, float *logits_out, char *err, size_t err_len);
+
+/* Teacher-forced greedy tokens with layers skipped (layer-skip calibration):
+ * like cb_engine_forward, but with the blocks where skip[l] != 0 left out
+ * (skip: n_layer bytes, NULL = none), writing each row's argmax token to
+ * argmax_out[n] instead of its logits.  The slot's KV of skipped blocks is
+ * left as it was, so clear or overwrite the slot before decoding on it. */
+int cb_engine_forward_argmax(cb_engine *engine, int slot, const int32_t *tokens, int n, int pos,
+                             const uint8_t *skip, int32_t *argmax_out, char *err, size_t err_len);
 
 /* ------------------------------------------------- experts (MoE models) */
 /* BEGIN experts API (issue 8) */

@@ -62,6 +62,8 @@ typedef struct {
     int      k_want;         /* drafts asked of a drafter this step */
     int      base_pos;       /* position of `pending` in this step */
     cb_request_metrics spec_m; /* draft counters accumulated (draft_* fields only) */
+    cb_spec_req sq;          /* this request's acceptance per source, for the policy */
+    double   draft_ms;       /* time spent drafting for it */
     uint64_t *expert_seen;   /* MoE: bitset [n_layer * n_expert] of experts this request routed to (owned) */
     int64_t  experts_routed; /* MoE: routings of this request's rows */
     double   t_submit, t_admit, t_prefill_done, t_first;
@@ -99,6 +101,7 @@ struct cb_engine {
     /* speculative decoding */
     cb_drafter draft_model;        /* valid when params.draft_model */
     cb_drafter layer_skip;         /* valid when params.layer_skip */
+    cb_xdrafter xdraft;            /* valid when params.xdraft_model */
     cb_spec_policy policy;
     cb_bpe   *bpe;                 /* canonical tokenizer for grammar-forced drafts (NULL if unsupported) */
     void     *bpe_scratch;
@@ -250,14 +253,16 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     if (!e->mask || !e->jobs || !e->job_req) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
     cb_spec_policy_init(&e->policy);
     if (p.draft_model) {
-        if (p.draft_model->info.n_vocab != I->n_vocab || p.draft_model->info.n_layer == 0) {
-            set_err(err, err_len, "the draft model's vocabulary (%d) differs from the target's (%d)",
-                    p.draft_model->info.n_vocab, I->n_vocab);
-            rc = CB_ERR_ARG;
-            goto fail;
-        }
+        if ((rc = cb_vocab_check(model, p.draft_model, err, err_len))) goto fail;
         if ((rc = cb_drafter_init(&e->draft_model, p.draft_model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, p.kv_f16,
                                   NULL, 0, 0, err, err_len))) goto fail;
+    }
+    if (p.xdraft_model) {
+        if (p.xdraft_model->info.n_layer == 0) { set_err(err, err_len, "the cross-vocabulary draft model is validate-only"); rc = CB_ERR_ARG; goto fail; }
+        /* a smaller vocabulary spells the same text in more tokens */
+        int n_ctx_d = p.n_ctx + p.n_ctx / 2;
+        if ((rc = cb_xdrafter_init(&e->xdraft, model, p.xdraft_model, k, e->pool, p.n_slots, p.n_ctx, n_ctx_d,
+                                   p.n_batch > n_ctx_d ? n_ctx_d : p.n_batch, p.kv_f16, err, err_len))) goto fail;
     }
     if (p.layer_skip) {
         if ((rc = cb_drafter_init(&e->layer_skip, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, p.kv_f16,
@@ -300,6 +305,7 @@ void cb_engine_free(cb_engine *e) {
     free(e->job_req);
     if (e->draft_model.model) cb_drafter_free(&e->draft_model);
     if (e->layer_skip.model) cb_drafter_free(&e->layer_skip);
+    if (e->xdraft.target) cb_xdrafter_free(&e->xdraft);
     cb_bpe_free(e->bpe);
     free(e->bpe_scratch);
     cb_ctx_free(&e->ctx);
@@ -346,11 +352,12 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
     int rc = validate_sampling(&q->sampling, n_vocab, err, err_len);
     if (rc) return rc;
     const cb_spec_params *sp = &q->spec;
-    if (sp->sources & ~(CB_SPEC_GRAMMAR | CB_SPEC_LOOKUP | CB_SPEC_DRAFT | CB_SPEC_LAYERSKIP)) { set_err(err, err_len, "unknown speculative source bits 0x%x", sp->sources); return CB_ERR_ARG; }
+    if (sp->sources & ~(CB_SPEC_GRAMMAR | CB_SPEC_LOOKUP | CB_SPEC_DRAFT | CB_SPEC_LAYERSKIP | CB_SPEC_XDRAFT)) { set_err(err, err_len, "unknown speculative source bits 0x%x", sp->sources); return CB_ERR_ARG; }
     if (sp->sources) {
         if (sp->k_max < 1 || sp->k_max > CB_SPEC_MAX_K) { set_err(err, err_len, "speculative k_max must be in [1, %d], got %d", CB_SPEC_MAX_K, sp->k_max); return CB_ERR_ARG; }
         if (sp->ngram_min < 1 || sp->ngram_max < sp->ngram_min || sp->ngram_max > 64) { set_err(err, err_len, "prompt lookup n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 64"); return CB_ERR_ARG; }
         if ((sp->sources & CB_SPEC_DRAFT) && !e->params.draft_model) { set_err(err, err_len, "speculative source 'draft' needs an engine created with a draft model"); return CB_ERR_ARG; }
+        if ((sp->sources & CB_SPEC_XDRAFT) && !e->params.xdraft_model) { set_err(err, err_len, "speculative source 'cross_vocab' needs an engine created with a cross-vocabulary draft model"); return CB_ERR_ARG; }
         if ((sp->sources & CB_SPEC_LAYERSKIP) && !e->params.layer_skip) { set_err(err, err_len, "speculative source 'layer_skip' needs an engine created with layer_skip enabled"); return CB_ERR_ARG; }
         if ((sp->sources & CB_SPEC_GRAMMAR) && !q->grammar) { set_err(err, err_len, "speculative source 'grammar' needs a grammar on the request"); return CB_ERR_ARG; }
         if ((sp->sources & CB_SPEC_GRAMMAR) && !e->bpe) { set_err(err, err_len, "speculative source 'grammar' needs a byte-level BPE vocabulary"); return CB_ERR_UNSUPPORTED; }
@@ -393,6 +400,7 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
     r->return_logits = q->return_logits;
     r->copy_prefix = q->copy_prefix;
     r->spec = q->spec;
+    cb_spec_req_init(&r->sq);
     r->id = e->next_id++;
     r->seq = e->next_seq++;
     r->t_submit = now_ms();
@@ -476,6 +484,7 @@ static void finish(cb_engine *e, int idx, int reason, int stop_offset) {
     memcpy(M->draft_accepted_source, r->spec_m.draft_accepted_source, sizeof M->draft_accepted_source);
     memcpy(M->draft_n_pos, r->spec_m.draft_n_pos, sizeof M->draft_n_pos);
     memcpy(M->draft_accepted_pos, r->spec_m.draft_accepted_pos, sizeof M->draft_accepted_pos);
+    M->draft_ms = r->draft_ms;
     if (r->state == RQ_PREFILL || r->state == RQ_DECODE) {
         cb_slot *s = &e->slots[r->slot];
         s->req = -1;
@@ -696,73 +705,92 @@ static int grammar_draft(cb_engine *e, cb_request *r, int k, int32_t *out) {
 static cb_drafter *drafter_of(cb_engine *e, int bit) {
     if (bit == cb_spec_bit(CB_SPEC_DRAFT)) return &e->draft_model;
     if (bit == cb_spec_bit(CB_SPEC_LAYERSKIP)) return &e->layer_skip;
+    if (bit == cb_spec_bit(CB_SPEC_XDRAFT)) return &e->xdraft.d;
     return NULL;
 }
 
-/* Choose drafts for every decoding request with speculation on.  Sources in
- * priority order; the first that proposes something wins.  Drafter sources
- * are batched: one drafting pass per drafter for all requests using it.
- * `room` bounds the extra rows (batch and logits capacity). */
+/* Choose drafts for every decoding request with speculation on.  Adaptive:
+ * every enabled source is priced for this request (expected tokens per unit
+ * of measured step time, spec.c) and the best one that pays drafts; a
+ * grammar-forced span is taken whenever there is one (it is what the mask
+ * will allow anyway).  Not adaptive: the first source in priority order that
+ * proposes something.  Drafter sources are batched: one drafting pass per
+ * drafter for all requests using it.  `room` bounds the extra rows (batch
+ * and logits capacity). */
 static void make_drafts(cb_engine *e, int base_rows, int room) {
-    static const int order[CB_SPEC_N_SOURCES] = { CB_SPEC_GRAMMAR, CB_SPEC_LOOKUP, CB_SPEC_DRAFT, CB_SPEC_LAYERSKIP };
+    static const int order[CB_SPEC_N_SOURCES] = { CB_SPEC_GRAMMAR, CB_SPEC_LOOKUP, CB_SPEC_DRAFT, CB_SPEC_XDRAFT,
+                                                  CB_SPEC_LAYERSKIP };
     int pending_drafter[CB_SPEC_N_SOURCES] = { 0 };
     double td = now_ms();
     for (int o = 0; o < e->n_order; o++) {
         cb_request *r = &e->reqs[e->order[o]];
         r->n_draft = 0;
+        r->draft_cls = 0;
         if (r->state != RQ_DECODE || !r->spec.sources) continue;
         cb_slot *sl = &e->slots[r->slot];
         /* drafts are useless past max_tokens and impossible past the context */
         int cap = r->max_tokens - r->n_gen - 1;
         if (cap > e->params.n_ctx - sl->n_past - 1) cap = e->params.n_ctx - sl->n_past - 1;
         if (cap > room) cap = room;
+        if (cap > CB_SPEC_MAX_K) cap = CB_SPEC_MAX_K;
         if (cap <= 0) continue;
-        for (int i = 0; i < CB_SPEC_N_SOURCES && r->n_draft == 0; i++) {
+        sl->tokens[sl->n_past] = r->pending;  /* history: the slot's tokens plus the pending one */
+        int32_t ldraft[CB_SPEC_MAX_K];
+        int best = -1, best_k = 0, best_cls = 0;
+        double best_g = 1.0;
+        for (int i = 0; i < CB_SPEC_N_SOURCES; i++) {
             int src = order[i];
             if (!(r->spec.sources & src)) continue;
-            int bit = cb_spec_bit(src);
-            r->draft_cls = 0;
-            if (src == CB_SPEC_LOOKUP) {
-                /* a lookup draft costs next to nothing: find it first, then
-                 * let the policy choose how much of it to verify from how
-                 * long the match is (its acceptance class) */
-                int avail = r->spec.k_max < cap ? r->spec.k_max : cap, mlen = 0;
-                if (avail > CB_SPEC_MAX_K) avail = CB_SPEC_MAX_K;
-                if (avail <= 0) continue;
-                double t = now_ms();
-                /* history: the slot's tokens plus the pending one */
-                sl->tokens[sl->n_past] = r->pending;
-                int got = cb_lookup_draft_ex(sl->tokens, sl->n_past + 1, r->spec.ngram_min, r->spec.ngram_max, avail,
-                                             r->draft, &mlen);
-                if (got <= 0) continue;
-                e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * (now_ms() - t) / got;
-                r->draft_cls = cb_lookup_class(mlen);
-                int k = cb_spec_policy_k_class(&e->policy, bit, r->draft_cls, &r->spec, base_rows, got);
-                if (k > got) k = got;
-                if (k <= 0) continue;
-                r->n_draft = k;
-                r->draft_src = bit;
-                room -= k;
-                continue;
-            }
-            int k = cb_spec_policy_k(&e->policy, bit, &r->spec, base_rows);
-            if (k > cap) k = cap;
-            if (k <= 0) continue;
-            double t = now_ms();
+            int bit = cb_spec_bit(src), k = 0, cls = 0;
+            double g = 0, t = now_ms();
             if (src == CB_SPEC_GRAMMAR) {
-                if (r->matcher) r->n_draft = grammar_draft(e, r, k, r->draft);
-            } else {
-                /* queue for the batched drafter pass below */
-                r->draft_src = 0x100 | bit;  /* marker: waiting for drafter `bit` */
-                r->k_want = k;
-                pending_drafter[bit]++;
+                k = cb_spec_policy_k(&e->policy, bit, &r->spec, base_rows);
+                if (k > cap) k = cap;
+                if (k > 0 && r->matcher) k = grammar_draft(e, r, k, r->draft);
+                if (k <= 0) continue;
+                double dt = now_ms() - t;
+                e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * dt / k;
+                r->draft_ms += dt;
+                best = bit, best_k = k;
                 break;
+            } else if (src == CB_SPEC_LOOKUP) {
+                /* a lookup draft costs next to nothing: find it first, then
+                 * price it by how long the match is (its acceptance class) */
+                int avail = r->spec.k_max < cap ? r->spec.k_max : cap, mlen = 0;
+                int got = cb_lookup_draft_ex(sl->tokens, sl->n_past + 1, r->spec.ngram_min, r->spec.ngram_max, avail,
+                                             ldraft, &mlen);
+                double dt = now_ms() - t;
+                r->draft_ms += dt;
+                if (got <= 0) continue;
+                e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * dt / got;
+                cls = cb_lookup_class(mlen);
+                k = cb_spec_policy_k_class(&e->policy, bit, cls, &r->spec, base_rows, got);
+                if (k > got) k = got;
+                g = e->policy.st[bit].expected_gain;
+                if (k > 0 && g < 1.0) g = 1.0 + 1e-9;  /* a probe: only when nothing else pays */
+            } else {
+                k = cb_spec_policy_plan(&e->policy, &r->sq, bit, &r->spec, base_rows, cap, &g);
             }
-            if (r->n_draft > 0) {
-                r->draft_src = bit;
-                e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * (now_ms() - t) / r->n_draft;
-                room -= r->n_draft;
-            }
+            if (k <= 0) continue;
+            if (!r->spec.adaptive) { best = bit, best_k = k, best_cls = cls; break; }
+            if (g > best_g) { best = bit, best_k = k, best_g = g, best_cls = cls; }
+        }
+        if (best < 0) continue;
+        r->draft_cls = best_cls;
+        if (best == cb_spec_bit(CB_SPEC_GRAMMAR)) {
+            r->n_draft = best_k;
+            r->draft_src = best;
+            room -= best_k;
+        } else if (best == cb_spec_bit(CB_SPEC_LOOKUP)) {
+            memcpy(r->draft, ldraft, (size_t)best_k * sizeof(int32_t));
+            r->n_draft = best_k;
+            r->draft_src = best;
+            room -= best_k;
+        } else {
+            /* queue for the batched drafter pass below */
+            r->draft_src = 0x100 | best;  /* marker: waiting for drafter `best` */
+            r->k_want = best_k;
+            pending_drafter[best]++;
         }
     }
     /* batched drafter passes */
@@ -775,12 +803,12 @@ static void make_drafts(cb_engine *e, int base_rows, int room) {
             cb_request *r = &e->reqs[idx];
             if (r->state != RQ_DECODE || r->draft_src != (0x100 | b)) continue;
             cb_slot *sl = &e->slots[r->slot];
-            sl->tokens[sl->n_past] = r->pending;
             int k = r->k_want < room ? r->k_want : room;
             r->draft_src = b;
             if (k <= 0) continue;
             room -= k;
             cb_draft_job *J = &e->jobs[nj];
+            memset(J, 0, sizeof *J);
             J->slot = r->slot;
             J->hist = sl->tokens;
             J->n_hist = sl->n_past + 1;
@@ -789,14 +817,18 @@ static void make_drafts(cb_engine *e, int base_rows, int room) {
             e->job_req[nj++] = idx;
         }
         double t = now_ms();
-        cb_drafter_draft(d, e->jobs, nj);
+        if (b == cb_spec_bit(CB_SPEC_XDRAFT)) cb_xdrafter_draft(&e->xdraft, e->jobs, nj);
+        else cb_drafter_draft(d, e->jobs, nj);
         int made = 0;
         for (int j = 0; j < nj; j++) {
             e->reqs[e->job_req[j]].n_draft = e->jobs[j].n_out;
             made += e->jobs[j].n_out;
         }
-        double spent = now_ms() - t - cb_drafter_last_catchup_ms(d);
+        double total = now_ms() - t, spent = total - cb_drafter_last_catchup_ms(d);
+        for (int j = 0; j < nj; j++)  /* the pass's time, split by the tokens each request got */
+            e->reqs[e->job_req[j]].draft_ms += made > 0 ? total * e->jobs[j].n_out / made : total / nj;
         if (made > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / made;
+        else if (nj > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / nj;
     }
     e->step_draft_ms += now_ms() - td;
 }
@@ -952,7 +984,10 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             sm->draft_accepted_source[src]++;
             sm->draft_accepted_pos[j]++;
         }
-        if (n_draft > 0) cb_spec_policy_record_class(&e->policy, src, r_cls, n_draft, acc);
+        if (n_draft > 0) {
+            cb_spec_policy_record_class(&e->policy, src, r_cls, n_draft, acc);
+            if (r->state != RQ_FREE) cb_spec_req_record(&r->sq, src, n_draft, acc);  /* still running */
+        }
         lr += n_draft + 1;
     }
     /* prefill-only requests (max_tokens == 0) finish once their prompt is in */
@@ -1060,5 +1095,49 @@ int cb_engine_forward(cb_engine *e, int slot, const int32_t *tokens, int n, int 
         done += chunk;
         sl->n_past = pos + done;
     }
+    return CB_OK;
+}
+
+int cb_engine_forward_argmax(cb_engine *e, int slot, const int32_t *tokens, int n, int pos, const uint8_t *skip,
+                             int32_t *argmax_out, char *err, size_t err_len) {
+    if (err && err_len) err[0] = 0;
+    if (!e || !tokens || !argmax_out) return CB_ERR_ARG;
+    if (slot < 0 || slot >= e->params.n_slots) { set_err(err, err_len, "slot %d is out of range [0, %d)", slot, e->params.n_slots); return CB_ERR_ARG; }
+    cb_slot *sl = &e->slots[slot];
+    if (sl->req >= 0) { set_err(err, err_len, "slot %d is busy with a request", slot); return CB_ERR_BUSY; }
+    if (n < 1) { set_err(err, err_len, "forward needs at least one token"); return CB_ERR_ARG; }
+    if (pos < 0 || pos > sl->n_past) { set_err(err, err_len, "pos %d must be in [0, %d] (positions before it need KV)", pos, sl->n_past); return CB_ERR_ARG; }
+    if (pos + n > e->params.n_ctx) { set_err(err, err_len, "context_length_exceeded: %d + %d tokens > context of %d", pos, n, e->params.n_ctx); return CB_ERR_CONTEXT; }
+    int n_vocab = e->model->info.n_vocab, n_layer = e->model->info.n_layer, kept = 0;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) { set_err(err, err_len, "token %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab); return CB_ERR_ARG; }
+    for (int l = 0; l < n_layer; l++) kept += !(skip && skip[l]);
+    if (kept == 0) { set_err(err, err_len, "cannot skip every layer"); return CB_ERR_ARG; }
+    sl->n_past = pos;
+    e->ctx.skip_layer = skip;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
+        for (int j = 0; j < chunk; j++) {
+            e->b_tokens[j] = tokens[done + j];
+            e->b_pos[j] = pos + done + j;
+            e->b_slot[j] = slot;
+            e->b_logit[j] = j;
+            sl->tokens[pos + done + j] = tokens[done + j];
+        }
+        cb_batch b = { chunk, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
+        cb_forward(&e->ctx, &b);
+        for (int j = 0; j < chunk; j++) {
+            int64_t t = e->ctx.head_idx[j];
+            if (t < 0) {  /* the head found no maximum (NaN / -inf row): take it from the logits */
+                const float *x = e->ctx.logits + (size_t)j * n_vocab;
+                t = 0;
+                for (int v = 1; v < n_vocab; v++) if (x[v] > x[t]) t = v;
+            }
+            argmax_out[done + j] = (int32_t)t;
+        }
+        done += chunk;
+        sl->n_past = pos + done;
+    }
+    e->ctx.skip_layer = NULL;
     return CB_OK;
 }

@@ -88,13 +88,45 @@ static void drafter_forward(cb_drafter *d, int n) {
     }
 }
 
+/* The drafted token for job J from logits row x: the argmax, or while the
+ * job's prefix is not yet spelled, the most likely token that spells the next bytes of it
+ * with what is left of it (ordinary text tokens only).  -1: none agrees. */
+static int pick(const cb_drafter *d, const cb_draft_job *J, int *pfx_done, const float *x) {
+    const int n_vocab = d->model->info.n_vocab;
+    if (!J->prefix || *pfx_done >= J->n_prefix) return argmax(x, n_vocab);
+    const uint8_t *rest = J->prefix + *pfx_done;
+    const size_t n_rest = (size_t)(J->n_prefix - *pfx_done);
+    int best = -1;
+    size_t best_len = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        if (best >= 0 && !(x[i] > x[best])) continue;
+        size_t len = 0;
+        const uint8_t *tb = cb_model_token_bytes(d->model, i, &len);
+        if (!tb || len == 0) continue;
+        int ty = cb_model_token_type(d->model, i);
+        if (ty != 1 && ty != 6) continue;  /* normal and byte tokens spell text; control tokens do not */
+        /* within the prefix: the target's last token ended where the prefix
+         * does, and its tokens are canonical, so the word most likely ends
+         * there too (a drafter token running past it, "La" -> "Ladies",
+         * drafts a word the target did not start) */
+        if (len > n_rest || memcmp(tb, rest, len) != 0) continue;
+        best = i;
+        best_len = len;
+    }
+    if (best >= 0) *pfx_done += (int)best_len;
+    return best;
+}
+
 void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
     const int n_ctx = d->ctx.n_ctx, n_batch = d->ctx.n_batch, n_vocab = d->model->info.n_vocab;
-    int next[256];  /* per job: next history index to feed (catch-up) */
+    int next[256];   /* per job: next history index to feed (catch-up) */
+    int pdone[256];  /* per job: prefix bytes spelled so far */
     if (n_jobs > 256) n_jobs = 256;
     for (int j = 0; j < n_jobs; j++) {
         cb_draft_job *J = &jobs[j];
         J->n_out = 0;
+        pdone[j] = 0;
+        if (J->n_hist < 1 || J->n_hist > n_ctx) { J->k = 0; continue; }
         const int32_t *have = d->tokens + (size_t)J->slot * n_ctx;
         int lcp = 0, lim = d->n_past[J->slot] < J->n_hist - 1 ? d->n_past[J->slot] : J->n_hist - 1;
         while (lcp < lim && have[lcp] == J->hist[lcp]) lcp++;
@@ -110,7 +142,7 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         for (int j = 0; j < n_jobs && n < n_batch; j++) {
             cb_draft_job *J = &jobs[j];
             if (J->k <= 0) continue;
-            while (next[j] < J->n_hist && n < n_batch) {
+            while (next[j] < J->n_hist && n < n_batch && n_logit < d->ctx.n_logits) {
                 int p = next[j]++;
                 d->b_tokens[n] = J->hist[p];
                 d->b_pos[n] = p;
@@ -125,8 +157,11 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         caught_up_rows += n;
         drafter_forward(d, n);
         for (int r = 0; r < n_logit; r++) {
-            cb_draft_job *J = &jobs[d->row_req[r]];
-            J->out[J->n_out++] = argmax(d->ctx.logits + (size_t)r * n_vocab, n_vocab);
+            int j = d->row_req[r];
+            cb_draft_job *J = &jobs[j];
+            int t = pick(d, J, &pdone[j], d->ctx.logits + (size_t)r * n_vocab);
+            if (t < 0) { J->k = 0; continue; }
+            J->out[J->n_out++] = t;
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &ts1);
@@ -134,9 +169,9 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
     double t_catch = (ts1.tv_sec - ts0.tv_sec) * 1e3 + (ts1.tv_nsec - ts0.tv_nsec) * 1e-6;
     d->catchup_ms = caught_up_rows > n_jobs ? t_catch * (caught_up_rows - n_jobs) / caught_up_rows : 0;
     /* draft the rest one position at a time, all jobs in one forward */
-    for (int step = 1; step < CB_SPEC_MAX_K; step++) {
+    for (int step = 1;; step++) {
         int n = 0;
-        for (int j = 0; j < n_jobs; j++) {
+        for (int j = 0; j < n_jobs && n < d->ctx.n_logits && n < n_batch; j++) {
             cb_draft_job *J = &jobs[j];
             if (J->n_out != step || J->n_out >= J->k) continue;
             int pos = J->n_hist - 1 + step;
@@ -151,13 +186,245 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         if (n == 0) break;
         drafter_forward(d, n);
         for (int r = 0; r < n; r++) {
-            cb_draft_job *J = &jobs[d->row_req[r]];
-            J->out[J->n_out++] = argmax(d->ctx.logits + (size_t)r * n_vocab, n_vocab);
+            int j = d->row_req[r];
+            cb_draft_job *J = &jobs[j];
+            int t = pick(d, J, &pdone[j], d->ctx.logits + (size_t)r * n_vocab);
+            if (t < 0) { J->k = J->n_out; continue; }
+            J->out[J->n_out++] = t;
         }
     }
 }
 
 double cb_drafter_last_catchup_ms(const cb_drafter *d) { return d->catchup_ms; }
+
+/* ------------------------------------------------------ vocabulary check */
+
+/* Token t of m as a short quoted, escaped string (or "no token"). */
+static void describe_token(const cb_model *m, int t, char *out, size_t cap) {
+    size_t len = 0;
+    const uint8_t *b = t < m->info.n_vocab ? cb_model_token_bytes(m, t, &len) : NULL;
+    if (!b) { snprintf(out, cap, "no token"); return; }
+    size_t o = 0;
+    out[o++] = '\'';
+    for (size_t i = 0; i < len && o + 6 < cap; i++) {
+        if (i == 24) { o += (size_t)snprintf(out + o, cap - o, "..."); break; }
+        uint8_t c = b[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') out[o++] = (char)c;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+    }
+    if (o + 2 <= cap) out[o++] = '\'';
+    out[o < cap ? o : cap - 1] = 0;
+}
+
+int cb_vocab_check(const cb_model *target, const cb_model *draft, char *err, size_t err_len) {
+    const int nt = target->info.n_vocab, nd = draft->info.n_vocab;
+    if (draft->info.n_layer == 0) { snprintf(err, err_len, "the draft model is validate-only"); return CB_ERR_ARG; }
+    int n = nt < nd ? nt : nd, i = 0;
+    for (; i < n; i++) {
+        size_t la = 0, lb = 0;
+        const uint8_t *a = cb_model_token_bytes(target, i, &la), *b = cb_model_token_bytes(draft, i, &lb);
+        if (!a || !b || la != lb || memcmp(a, b, la) != 0) break;
+        if (cb_model_token_type(target, i) != cb_model_token_type(draft, i)) break;
+    }
+    if (i == n && nt == nd) return CB_OK;
+    char da[96], ta[96];
+    describe_token(draft, i, da, sizeof da);
+    describe_token(target, i, ta, sizeof ta);
+    snprintf(err, err_len, "the draft model's vocabulary (%d tokens) differs from the target's (%d tokens): "
+             "first difference at token %d, %s in the draft vs %s in the target; a draft model must share the "
+             "target's vocabulary (a model with another tokenizer drafts as a cross-vocabulary draft)",
+             nd, nt, i, da, ta);
+    return CB_ERR_ARG;
+}
+
+/* ------------------------------------------- cross-vocabulary drafter */
+
+static int is_special(const cb_model *m, int t) {
+    int ty = cb_model_token_type(m, t);
+    return ty == 3 || ty == 4;  /* control, user-defined: whole tokens, never spelled by BPE */
+}
+
+/* For every special token of `from`, the special token of `to` with the same
+ * text (or -1). */
+static void map_specials(const cb_model *from, const cb_model *to, int32_t *map) {
+    int nf = from->info.n_vocab, nt = to->info.n_vocab;
+    for (int i = 0; i < nf; i++) map[i] = -1;
+    for (int i = 0; i < nf; i++) {
+        if (!is_special(from, i)) continue;
+        size_t la = 0;
+        const uint8_t *a = cb_model_token_bytes(from, i, &la);
+        for (int j = 0; a && j < nt; j++) {
+            if (!is_special(to, j)) continue;
+            size_t lb = 0;
+            const uint8_t *b = cb_model_token_bytes(to, j, &lb);
+            if (b && la == lb && memcmp(a, b, la) == 0) { map[i] = j; break; }
+        }
+    }
+}
+
+int cb_xdrafter_init(cb_xdrafter *x, const cb_model *target, const cb_model *draft, const cb_kernels *k,
+                     cb_pool *pool, int n_slots, int n_ctx, int n_ctx_d, int n_batch, int kv_f16,
+                     char *err, size_t err_len) {
+    memset(x, 0, sizeof *x);
+    x->target = target;
+    x->n_slots = n_slots;
+    x->n_ctx = n_ctx;
+    char e2[160] = "";
+    int rc = cb_bpe_build(draft, &x->bpe_d, e2, sizeof e2);
+    if (rc) { snprintf(err, err_len, "the cross-vocabulary draft model's tokenizer: %s", e2); cb_xdrafter_free(x); return rc; }
+    if ((rc = cb_bpe_build(target, &x->bpe_t, e2, sizeof e2))) {
+        snprintf(err, err_len, "a cross-vocabulary draft needs the target's tokenizer in C: %s", e2);
+        cb_xdrafter_free(x);
+        return rc;
+    }
+    if ((rc = cb_drafter_init(&x->d, draft, k, pool, n_slots, n_ctx_d, n_batch, kv_f16, NULL, 0, 0, err, err_len))) {
+        cb_xdrafter_free(x);
+        return rc;
+    }
+    x->scratch_size = cb_bpe_scratch_size(CB_XTAIL + CB_XDRAFT_MAX * 64);
+    x->scratch = malloc(x->scratch_size);
+    x->t2d_special = malloc((size_t)target->info.n_vocab * sizeof(int32_t));
+    x->d2t_special = malloc((size_t)draft->info.n_vocab * sizeof(int32_t));
+    x->slots = calloc((size_t)n_slots, sizeof(cb_xslot));
+    x->djobs = calloc((size_t)n_slots, sizeof(cb_draft_job));
+    x->dout = calloc((size_t)n_slots * CB_XDRAFT_MAX, sizeof(int32_t));
+    if (!x->scratch || !x->t2d_special || !x->d2t_special || !x->slots || !x->djobs || !x->dout) {
+        snprintf(err, err_len, "out of memory");
+        cb_xdrafter_free(x);
+        return CB_ERR_NOMEM;
+    }
+    for (int s = 0; s < n_slots; s++) {
+        x->slots[s].tgt = malloc((size_t)n_ctx * sizeof(int32_t));
+        x->slots[s].dtok = malloc((size_t)n_ctx_d * sizeof(int32_t));
+        if (!x->slots[s].tgt || !x->slots[s].dtok) { snprintf(err, err_len, "out of memory"); cb_xdrafter_free(x); return CB_ERR_NOMEM; }
+    }
+    map_specials(target, draft, x->t2d_special);
+    map_specials(draft, target, x->d2t_special);
+    return CB_OK;
+}
+
+void cb_xdrafter_free(cb_xdrafter *x) {
+    if (x->d.model) cb_drafter_free(&x->d);
+    cb_bpe_free(x->bpe_d);
+    cb_bpe_free(x->bpe_t);
+    if (x->slots)
+        for (int s = 0; s < x->n_slots; s++) { free(x->slots[s].tgt); free(x->slots[s].dtok); }
+    free(x->slots); free(x->scratch); free(x->t2d_special); free(x->d2t_special); free(x->djobs); free(x->dout);
+    memset(x, 0, sizeof *x);
+}
+
+/* Tokenize the slot's tail in the drafter's vocabulary and commit its stable
+ * ids (all of them with `all`: a special token follows, nothing can merge
+ * across it). */
+static void xslot_commit(cb_xdrafter *x, cb_xslot *S, int all) {
+    if (S->broken || S->n_tail == 0) return;
+    int32_t ids[CB_XTAIL];
+    int stable = 0;
+    int n = cb_bpe_tokenize_ex(x->bpe_d, S->tail, (size_t)S->n_tail, ids, CB_XTAIL, x->scratch, x->scratch_size,
+                               &stable);
+    if (n < 0 || n > CB_XTAIL) { S->broken = 1; return; }  /* a byte the drafter has no token for */
+    int keep = all ? n : stable;
+    if (S->n_dtok + keep > x->d.ctx.n_ctx) { S->broken = 1; return; }
+    size_t used = 0;
+    for (int i = 0; i < keep; i++) {
+        size_t len = 0;
+        cb_model_token_bytes(x->d.model, ids[i], &len);
+        used += len;
+        S->dtok[S->n_dtok++] = ids[i];
+    }
+    if (used > (size_t)S->n_tail) used = (size_t)S->n_tail;  /* cannot happen: the ids spell the tail */
+    memmove(S->tail, S->tail + used, (size_t)S->n_tail - used);
+    S->n_tail -= (int)used;
+}
+
+/* Bring slot s's text up to the target history hist[0..n). */
+static void xslot_sync(cb_xdrafter *x, int s, const int32_t *hist, int n) {
+    cb_xslot *S = &x->slots[s];
+    if (n > x->n_ctx) n = x->n_ctx;
+    if (S->n_tgt > n || memcmp(S->tgt, hist, (size_t)S->n_tgt * sizeof(int32_t)) != 0) {
+        /* another history (a new request on the slot): start over; the
+         * drafter's KV is still reused as far as its tokens agree */
+        S->n_tgt = S->n_dtok = S->n_tail = S->broken = 0;
+    }
+    for (; S->n_tgt < n; S->n_tgt++) {
+        int t = hist[S->n_tgt];
+        S->tgt[S->n_tgt] = t;
+        if (S->broken) continue;
+        size_t len = 0;
+        const uint8_t *b = cb_model_token_bytes(x->target, t, &len);
+        if (!b) { S->broken = 1; continue; }
+        if (is_special(x->target, t) && x->t2d_special[t] >= 0) {
+            xslot_commit(x, S, 1);
+            if (S->broken || S->n_tail > 0) { S->broken = 1; continue; }
+            if (S->n_dtok + 1 > x->d.ctx.n_ctx) { S->broken = 1; continue; }
+            S->dtok[S->n_dtok++] = x->t2d_special[t];
+            continue;
+        }
+        if (S->n_tail + (int)len > CB_XTAIL) xslot_commit(x, S, 0);
+        if (S->n_tail + (int)len > CB_XTAIL) xslot_commit(x, S, 1);  /* one pre-token longer than the tail */
+        if (S->broken || S->n_tail + (int)len > CB_XTAIL) { S->broken = 1; continue; }
+        memcpy(S->tail + S->n_tail, b, len);
+        S->n_tail += (int)len;
+    }
+    xslot_commit(x, S, 0);
+}
+
+void cb_xdrafter_draft(cb_xdrafter *x, cb_draft_job *jobs, int n_jobs) {
+    if (n_jobs > x->n_slots) n_jobs = x->n_slots;
+    for (int j = 0; j < n_jobs; j++) {
+        cb_draft_job *J = &jobs[j], *D = &x->djobs[j];
+        J->n_out = 0;
+        memset(D, 0, sizeof *D);
+        D->slot = J->slot;
+        D->out = x->dout + (size_t)j * CB_XDRAFT_MAX;
+        if (J->k <= 0 || J->slot < 0 || J->slot >= x->n_slots) continue;
+        xslot_sync(x, J->slot, J->hist, J->n_hist);
+        cb_xslot *S = &x->slots[J->slot];
+        if (S->broken || S->n_dtok < 1) continue;
+        D->hist = S->dtok;
+        D->n_hist = S->n_dtok;
+        D->prefix = S->n_tail ? S->tail : NULL;
+        D->n_prefix = S->n_tail;
+        /* drafter tokens for the tail (mostly one word) and k target tokens
+         * (about one each in English; the last target token is dropped as
+         * unstable, hence one more) */
+        int kd = (S->n_tail + 5) / 6 + J->k + 1;
+        D->k = kd < CB_XDRAFT_MAX ? kd : CB_XDRAFT_MAX;
+    }
+    cb_drafter_draft(&x->d, x->djobs, n_jobs);
+    uint8_t text[CB_XDRAFT_MAX * 64];
+    int32_t ids[CB_XDRAFT_MAX * 64];
+    for (int j = 0; j < n_jobs; j++) {
+        cb_draft_job *J = &jobs[j], *D = &x->djobs[j];
+        if (J->k <= 0 || D->n_out == 0) continue;
+        /* the drafted text after the tail, up to a special token (which ends the text) */
+        size_t nt = 0, skip = (size_t)D->n_prefix;
+        int special = -1, ended = 0;
+        for (int i = 0; i < D->n_out; i++) {
+            int t = D->out[i];
+            if (is_special(x->d.model, t)) { ended = 1; special = x->d2t_special[t]; break; }
+            size_t len = 0;
+            const uint8_t *b = cb_model_token_bytes(x->d.model, t, &len);
+            if (!b) break;
+            size_t cut = skip < len ? skip : len;  /* bytes of this token that re-spell the tail */
+            skip -= cut;
+            if (nt + len - cut > sizeof text) break;
+            memcpy(text + nt, b + cut, len - cut);
+            nt += len - cut;
+        }
+        if (skip > 0) continue;  /* the drafter never got past the tail */
+        int stable = 0, n = 0;
+        if (nt > 0) {
+            n = cb_bpe_tokenize_ex(x->bpe_t, text, nt, ids, (int)(sizeof ids / sizeof ids[0]), x->scratch,
+                                   x->scratch_size, &stable);
+            if (n < 0 || n > (int)(sizeof ids / sizeof ids[0])) continue;
+        }
+        /* a special token closes the text: every id before it is final */
+        int keep = ended ? n : stable;
+        for (int i = 0; i < keep && J->n_out < J->k; i++) J->out[J->n_out++] = ids[i];
+        if (special >= 0 && keep == n && J->n_out < J->k) J->out[J->n_out++] = special;
+    }
+}
 
 /* ---------------------------------------------------------- prompt lookup */
 
@@ -304,13 +571,12 @@ static void class_rates(const cb_spec_class *c, int k_max, double *r) {
 }
 
 /* Depth 1..k_max maximising expected tokens per unit of step time relative to
- * a plain step; *gain gets that ratio (0 if k_max < 1). */
-static int best_depth(const cb_spec_policy *p, int b, const cb_spec_class *c, int base_rows, int k_max,
-                      double *gain) {
-    double t[CB_SPEC_MAX_K + 1], r[CB_SPEC_MAX_K];
+ * a plain step, for acceptance rates r[0..k_max); *gain gets that ratio. */
+static int depth_for_rates(const cb_spec_policy *p, int b, const double *r, int base_rows, int k_max,
+                           double *gain) {
+    double t[CB_SPEC_MAX_K + 1];
     if (k_max > CB_SPEC_MAX_K) k_max = CB_SPEC_MAX_K;
     step_times(p, base_rows, k_max, t);
-    class_rates(c, k_max, r);
     double best_gain = 0, e = 1, prod = 1;
     int best_k = 0;
     for (int k = 1; k <= k_max; k++) {
@@ -323,6 +589,14 @@ static int best_depth(const cb_spec_policy *p, int b, const cb_spec_class *c, in
     }
     *gain = best_gain;
     return best_k;
+}
+
+static int best_depth(const cb_spec_policy *p, int b, const cb_spec_class *c, int base_rows, int k_max,
+                      double *gain) {
+    double r[CB_SPEC_MAX_K];
+    if (k_max > CB_SPEC_MAX_K) k_max = CB_SPEC_MAX_K;
+    class_rates(c, k_max, r);
+    return depth_for_rates(p, b, r, base_rows, k_max, gain);
 }
 
 static int clamp_k(const cb_spec_params *sp) {
@@ -360,6 +634,60 @@ int cb_spec_policy_k(cb_spec_policy *p, int b, const cb_spec_params *sp, int bas
     if (++c->decisions % CB_SPEC_EXPLORE == 0 && best_k < k_max) best_k++;
     st->k = best_k;
     return best_k;
+}
+
+void cb_spec_req_init(cb_spec_req *q) {
+    memset(q, 0, sizeof *q);
+    for (int b = 0; b < CB_SPEC_N_SOURCES; b++) q->backoff[b] = 8;
+}
+
+#define CB_SPEC_REQ_PRIOR 4.0  /* the engine-wide estimate weighs as much as this many of a request's verifications */
+
+int cb_spec_policy_plan(cb_spec_policy *p, cb_spec_req *q, int b, const cb_spec_params *sp, int base_rows,
+                        int n_avail, double *gain) {
+    *gain = 0;
+    if (b < 0 || b >= CB_SPEC_N_SOURCES || n_avail < 1) return 0;
+    cb_spec_stats *st = &p->st[b];
+    int k_max = clamp_k(sp);
+    if (k_max > n_avail) k_max = n_avail;
+    if (!sp->adaptive) { st->k = k_max; st->paused = 0; *gain = 1; return k_max; }
+    if (q->wait[b] > 0) {
+        if (--q->wait[b] > 0) return 0;
+        /* probe: a shallow draft refreshes the estimate, taken only if nothing pays more */
+        *gain = 1.0 + 1e-9;
+        return k_max < 2 ? k_max : 2;
+    }
+    cb_spec_class *c = &p->cls[b][0];
+    double r[CB_SPEC_MAX_K];
+    class_rates(c, k_max, r);
+    for (int i = 0; i < k_max; i++)  /* positions this request has not reached keep the engine-wide rate */
+        r[i] = (q->accepted[b][i] + CB_SPEC_REQ_PRIOR * r[i]) / (q->tried[b][i] + CB_SPEC_REQ_PRIOR);
+    double g;
+    int best_k = depth_for_rates(p, b, r, base_rows, k_max, &g);
+    if (c->drafts < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
+    st->expected_gain = g;
+    *gain = g;
+    if (g < 1.0) {
+        st->paused = 1;
+        st->k = 0;
+        q->wait[b] = q->backoff[b];
+        if (q->backoff[b] < 256) q->backoff[b] *= 2;
+        return 0;
+    }
+    st->paused = 0;
+    q->backoff[b] = 8;
+    if (++c->decisions % CB_SPEC_EXPLORE == 0 && best_k < k_max) best_k++;
+    st->k = best_k;
+    return best_k;
+}
+
+void cb_spec_req_record(cb_spec_req *q, int b, int n, int a) {
+    if (b < 0 || b >= CB_SPEC_N_SOURCES) return;
+    if (n > CB_SPEC_MAX_K) n = CB_SPEC_MAX_K;
+    for (int i = 0; i < n && i <= a; i++) {
+        q->tried[b][i]++;
+        q->accepted[b][i] += i < a;
+    }
 }
 
 int cb_spec_policy_k_class(cb_spec_policy *p, int b, int cls, const cb_spec_params *sp, int base_rows,

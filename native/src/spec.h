@@ -12,6 +12,7 @@
 #ifndef CB_SPEC_H
 #define CB_SPEC_H
 
+#include "bpe.h"
 #include "forward.h"
 
 /* A drafter: a model (a separate draft model, or the target with layers
@@ -34,7 +35,11 @@ int  cb_drafter_init(cb_drafter *d, const cb_model *model, const cb_kernels *k, 
 void cb_drafter_free(cb_drafter *d);
 
 /* One drafting job: request with history hist[0..n_hist) (the last entry is
- * the token about to be verified) on `slot`, wanting k tokens. */
+ * the token about to be verified) on `slot`, wanting k tokens.  With a
+ * prefix, the first drafted tokens must spell prefix[0..n_prefix) (each is
+ * the most likely token that spells the next bytes of it): the
+ * cross-vocabulary drafter continues from its own token boundary, which may
+ * lie inside the text already decided. */
 typedef struct {
     int            slot;
     const int32_t *hist;
@@ -42,6 +47,8 @@ typedef struct {
     int            k;
     int32_t       *out;     /* [k] drafted tokens */
     int            n_out;   /* filled in */
+    const uint8_t *prefix;  /* nullable */
+    int            n_prefix;
 } cb_draft_job;
 
 /* Draft greedily for all jobs at once: one batched forward per draft
@@ -51,6 +58,61 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs);
  * than drafting: a one-off cost per new prompt, kept out of the per-token
  * drafting cost the policy weighs. */
 double cb_drafter_last_catchup_ms(const cb_drafter *d);
+
+/* CB_OK if `draft` has exactly the target's vocabulary (same size, the same
+ * bytes and type for every token), else CB_ERR_ARG with a message naming
+ * both sizes and the first token that differs. */
+int  cb_vocab_check(const cb_model *target, const cb_model *draft, char *err, size_t err_len);
+
+/* ------------------------------------------- cross-vocabulary drafter
+ *
+ * A draft model whose vocabulary differs from the target's (SmolLM2 drafting
+ * for Qwen2.5).  Per slot it keeps the target's history as text, tokenized
+ * in the drafter's vocabulary up to the last boundary no further text can
+ * move (cb_bpe_tokenize_ex's stable ids); the bytes after it (the tail) are
+ * text the drafter must re-spell.  A draft: the drafter continues from its
+ * stable tokens, its first tokens constrained to spell the tail; what it
+ * writes after the tail is tokenized in the target's vocabulary and the
+ * stable ids of that are the draft.  Control tokens (<|im_start|>, ...) map
+ * to the drafter's control token of the same text when it has one.
+ * Deterministic in the history, like every source here, so verification
+ * keeps the target's distribution (spec.h's header comment). */
+
+#define CB_XTAIL      2048  /* bytes of undecided text a slot may hold */
+#define CB_XDRAFT_MAX 40    /* drafter tokens per draft (covers the tail and k target tokens) */
+
+typedef struct {
+    int32_t *tgt;      /* [n_ctx] target tokens turned into text so far */
+    int      n_tgt;
+    int32_t *dtok;     /* [n_ctx_d] committed drafter tokens (the text up to the tail) */
+    int      n_dtok;
+    uint8_t  tail[CB_XTAIL];
+    int      n_tail;
+    int      broken;   /* the history holds text the drafter cannot spell, or is too long: no drafts */
+} cb_xslot;
+
+typedef struct {
+    cb_drafter      d;         /* the draft model, its KV per slot in its own vocabulary */
+    const cb_model *target;
+    cb_bpe         *bpe_d, *bpe_t;   /* canonical tokenizers of the drafter's and the target's vocabulary */
+    void           *scratch;
+    size_t          scratch_size;
+    int32_t        *t2d_special;     /* [target n_vocab] control token -> drafter token of the same text, or -1 */
+    int32_t        *d2t_special;     /* [drafter n_vocab] the other way */
+    cb_xslot       *slots;           /* [n_slots] */
+    int             n_slots, n_ctx;
+    cb_draft_job   *djobs;           /* [n_slots] the drafter's jobs of one call */
+    int32_t        *dout;            /* [n_slots x CB_XDRAFT_MAX] their drafted tokens */
+} cb_xdrafter;
+
+/* The draft model's KV holds n_ctx_d positions per slot (a text takes more
+ * tokens in a smaller vocabulary). */
+int  cb_xdrafter_init(cb_xdrafter *x, const cb_model *target, const cb_model *draft, const cb_kernels *k,
+                      cb_pool *pool, int n_slots, int n_ctx, int n_ctx_d, int n_batch, int kv_f16,
+                      char *err, size_t err_len);
+void cb_xdrafter_free(cb_xdrafter *x);
+/* Draft for all jobs (histories and outputs in the target's vocabulary). */
+void cb_xdrafter_draft(cb_xdrafter *x, cb_draft_job *jobs, int n_jobs);
 
 /* Prompt lookup: among the earlier occurrences of the history's last tokens,
  * take the one whose match with the suffix is longest (compared up to
@@ -91,7 +153,30 @@ typedef struct {
     int     step_n[CB_COST_BUCKETS + 1];   /* steps measured per bucket */
 } cb_spec_policy;
 
+/* A request's own record of each source: the policy blends it with the
+ * engine-wide estimate, so that the choice of source and depth follows what
+ * this request's text does (a code edit copies, a chat answer does not). */
+typedef struct {
+    int tried[CB_SPEC_N_SOURCES][CB_SPEC_MAX_K];     /* verifications that reached position i */
+    int accepted[CB_SPEC_N_SOURCES][CB_SPEC_MAX_K];  /* of those, accepted */
+    int wait[CB_SPEC_N_SOURCES];     /* decode steps before this request tries the source again */
+    int backoff[CB_SPEC_N_SOURCES];  /* the next wait (doubles while the source does not pay) */
+} cb_spec_req;
+
+void cb_spec_req_init(cb_spec_req *q);
+
 void cb_spec_policy_init(cb_spec_policy *p);
+/* Depth (0: do not draft) and expected gain (tokens per unit of step time
+ * relative to a plain step) of drafting up to n_avail tokens with drafter
+ * source b for request q, from the blend of q's acceptance and the
+ * engine-wide one, the measured verify cost of base_rows + k rows and the
+ * source's measured cost per drafted token.  A source that does not pay
+ * waits (per request, doubling), then is probed at depth <= 2 with a gain
+ * just above 1, so that it is taken only when nothing else pays. */
+int  cb_spec_policy_plan(cb_spec_policy *p, cb_spec_req *q, int b, const cb_spec_params *sp, int base_rows,
+                         int n_avail, double *gain);
+/* Record a verified draft in the request's record too. */
+void cb_spec_req_record(cb_spec_req *q, int b, int n, int a);
 /* Depth to draft for `source` when the step already has `base_rows` rows:
  * 0 means do not draft (source paused or not profitable).  Used before a
  * costly draft (a drafter model): class 0, no pausing per class, a source
