@@ -30,7 +30,13 @@ from typing import Any, Sequence
 import numpy as np
 
 # Names of the workloads shipped in colibri_lab/workloads/.
-BUILTIN = ("shared_prefix", "shared_prefix_short", "multi_turn", "copy_edit", "json_extract", "open_chat")
+BUILTIN = ("shared_prefix", "shared_prefix_short", "multi_turn", "copy_edit", "json_extract", "open_chat",
+           "conversation", "translation", "summarization", "qa", "math_reasoning", "rag", "code_editing",
+           "code_generation")
+
+# Speculative decoding's task categories (Spec-Bench's six plus two of code), each a workload above.
+SPEC_CATEGORIES = ("conversation", "translation", "summarization", "qa", "math_reasoning", "rag",
+                   "code_editing", "code_generation")
 
 
 @dataclass(frozen=True)
