@@ -92,6 +92,8 @@ cdef extern from "colibri.h" nogil:
         int k
         double expected_gain
         int paused
+        int64_t decisions, declined
+        double decline_rate
         double draft_ms
     int cb_engine_spec_stats(const cb_engine *engine, int source, cb_spec_stats *out)
     cb_engine_params cb_engine_default_params()
@@ -826,7 +828,8 @@ cdef class Engine:
                              tried_by_pos=[st.tried_pos[i] for i in range(n)],
                              accepted_by_pos=[st.accepted_pos[i] for i in range(n)],
                              accept_rate_pos=[st.accept_rate_pos[i] for i in range(n)],
-                             k=st.k, expected_gain=st.expected_gain, paused=bool(st.paused), draft_ms=st.draft_ms)
+                             k=st.k, expected_gain=st.expected_gain, paused=bool(st.paused), draft_ms=st.draft_ms,
+                             decisions=st.decisions, declined=st.declined, decline_rate=st.decline_rate)
         return out
 
     def slot_info(self, int slot):

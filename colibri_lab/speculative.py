@@ -260,3 +260,143 @@ def layer_skip_for(model, model_path: str | os.PathLike, tokenizer, *, n_threads
     tmp.write_text(cal.to_json())
     tmp.replace(path)
     return cal
+
+
+# ------------------------------------------------------- speedup by task category
+
+# Arms of the category benchmark: the speculative settings of each (None: plain decoding).  Every
+# speculating arm is adaptive (the policy picks depth and source per request and pauses what does not pay).
+CATEGORY_ARMS = {
+    "plain": None,
+    "lookup": {"sources": ["prompt_lookup"], "k_max": 16},
+    "draft": {"sources": ["draft"], "k_max": 8},
+    "cross_vocab": {"sources": ["cross_vocab"], "k_max": 8},
+    "layer_skip": {"sources": ["layer_skip"], "k_max": 8},
+    "adaptive": {"sources": ["prompt_lookup", "draft", "cross_vocab", "layer_skip"], "k_max": 16},
+}
+
+
+def _run_one(core, ids, max_tokens, speculative=None):
+    """One request on an idle engine: tokens, metrics, decode tok/s by wall clock
+    ((tokens - 1) / time from the first to the last token event)."""
+    kw = {"speculative": speculative} if speculative else {}
+    rid = core.submit(ids, max_tokens=max_tokens, **kw)
+    toks, metrics, t_first, t_last = [], None, None, None
+    while core.pending:
+        evs = core.step()
+        now = time.perf_counter()
+        for ev in evs:
+            if ev["id"] != rid:
+                continue
+            if ev["type"] == "token":
+                t_first = now if t_first is None else t_first
+                t_last = now
+                toks.append(ev["token"])
+            elif ev["type"] == "done":
+                metrics = ev["metrics"]
+            else:
+                raise RuntimeError(ev["message"])
+    tps = (len(toks) - 1) / (t_last - t_first) if len(toks) > 1 and t_last > t_first else float("nan")
+    return toks, metrics, tps
+
+
+def category_prompts(tokenizer, chat_template, categories, n_per: int, plain_core=None, max_tokens: int = 128):
+    """{category: [(item id, prompt token ids)]}: the first n_per items of each
+    category workload, rendered with the chat template.  Multi-turn items are
+    measured on their last turn, whose history holds the model's own earlier
+    replies (greedy, from plain_core: lossless decoding makes them the same
+    for every arm)."""
+    from colibri_lab.chat import render
+    from colibri_lab.experiments import load_workload
+
+    def ids_of(msgs):
+        return tokenizer.encode(render(chat_template, msgs, add_generation_prompt=True), add_special=False)
+
+    out = {}
+    for cat in categories:
+        rows = []
+        for it in load_workload(cat, n=n_per).items:
+            replies = []
+            for t in range(len(it.turns) - 1):
+                if plain_core is None:
+                    raise ValueError(f"{cat}: multi-turn items need plain_core for the earlier replies")
+                toks, _, _ = _run_one(plain_core, ids_of(it.messages(t, replies)), max_tokens)
+                replies.append(plain_core.model.detokenize_bytes(toks).decode("utf-8", errors="replace"))
+            rows.append((it.id, ids_of(it.messages(len(it.turns) - 1, replies))))
+        out[cat] = rows
+    return out
+
+
+def run_categories(make_engine, prompts: Mapping[str, Sequence], arms: Sequence[str], *, max_tokens: int = 128,
+                   repeats: int = 1, slow_arms: Mapping[str, int] | None = None, progress=None):
+    """Plain vs speculative arms on every category's prompts, interleaved.
+
+    make_engine(arm) -> a fresh colibri_lab._engine.Engine for that arm (own
+    policy state per category: the policy learns the category from nothing).
+    For each prompt the arms run back to back in an order that rotates with
+    the prompt (ABBA-like), then the next prompt.  slow_arms {arm: n}: that
+    arm runs on the first n prompts of each category only.
+    Returns (requests DataFrame, {category: {arm: spec_stats}})."""
+    import pandas as pd
+
+    from colibri_lab.experiments.results import list_metric_columns
+
+    rows, policy = [], {}
+    slow_arms = dict(slow_arms or {})
+    for cat, items in prompts.items():
+        cores = {arm: make_engine(arm) for arm in arms}
+        try:
+            _run_one(cores["plain"], items[0][1], 8)  # warm-up
+            for r in range(repeats):
+                for i, (iid, ids) in enumerate(items):
+                    k = (r * len(items) + i) % len(arms)
+                    ref = None
+                    for arm in list(arms[k:]) + list(arms[:k]):
+                        if arm in slow_arms and i >= slow_arms[arm]:
+                            continue
+                        toks, m, tps = _run_one(cores[arm], ids, max_tokens, CATEGORY_ARMS[arm])
+                        row = {"category": cat, "item": iid, "arm": arm, "repeat": r, "order": len(rows),
+                               "prompt_tokens": len(ids), "completion_tokens": len(toks), "decode_tok_s": tps,
+                               "tokens": toks}
+                        row.update({key: m[key] for key in ("draft_steps", "draft_n", "draft_accepted", "draft_ms",
+                                                            "decode_ms", "e2e_ms", "finish_reason")})
+                        row.update(list_metric_columns(m))
+                        rows.append(row)
+                    if progress:
+                        progress(cat, r, i)
+            policy[cat] = {arm: c.spec_stats() for arm, c in cores.items() if arm != "plain"}
+        finally:
+            for c in cores.values():
+                c.close()
+    df = pd.DataFrame(rows)
+    for c in df.columns:
+        if c.startswith(("draft_n_pos_", "draft_accepted_pos_", "draft_n_src_", "draft_accepted_src_")):
+            df[c] = df[c].fillna(0).astype(int)
+    plain = {(r.category, r.item, r.repeat): r.tokens for r in df[df.arm == "plain"].itertuples()}
+    df["identical"] = [plain.get((r.category, r.item, r.repeat)) == r.tokens for r in df.itertuples()]
+    return df, policy
+
+
+def category_speedups(df, baseline: str = "plain", n_boot: int = 2000):
+    """Per (category, arm): decode speedup vs the baseline (geometric mean of
+    the paired per-prompt tok/s ratios, bootstrap 95% interval), outputs
+    identical, and the vLLM-named speculation metrics."""
+    import numpy as np
+    import pandas as pd
+
+    from colibri_lab.experiments.stats import bootstrap_ci
+
+    base = {(r.category, r.item, r.repeat): r.decode_tok_s for r in df[df.arm == baseline].itertuples()}
+    out = []
+    for (cat, arm), g in df[df.arm != baseline].groupby(["category", "arm"], sort=False):
+        ratios = [r.decode_tok_s / base[(cat, r.item, r.repeat)] for r in g.itertuples()
+                  if base.get((cat, r.item, r.repeat))]
+        est, lo, hi = bootstrap_ci(np.asarray(ratios), n_boot=n_boot)
+        row = {"category": cat, "arm": arm, "speedup": est, "ci_low": lo, "ci_high": hi, "n_pairs": len(ratios),
+               "identical": bool(g.identical.all()),
+               "tok_s": float(np.median(g.decode_tok_s)),
+               "plain_tok_s": float(np.median([base[(cat, r.item, r.repeat)] for r in g.itertuples()
+                                               if (cat, r.item, r.repeat) in base]))}
+        row.update(spec_table(g, by=["arm"]).iloc[0].drop("arm").to_dict())
+        out.append(row)
+    return pd.DataFrame(out)

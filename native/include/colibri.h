@@ -279,7 +279,11 @@ typedef struct {
     double  accept_rate_pos[CB_SPEC_MAX_K]; /* smoothed P(accept at i | accepted before) */
     int     k;                            /* depth the policy chose last                */
     double  expected_gain;                /* expected tokens per unit time vs. plain decoding at that k */
-    int     paused;                       /* 1: source paused (gain < 1); probed again later */
+    int     paused;                       /* 1: the policy declines this source: most of its recent
+                                             offers were not worth their verify rows (decline_rate > 0.5) */
+    int64_t decisions;                    /* times the policy was asked about this source (adaptive) */
+    int64_t declined;                     /* of those, answered "do not draft" */
+    double  decline_rate;                 /* smoothed share of declined decisions (recent ones weigh most) */
     double  draft_ms;                     /* time spent producing drafts                */
 } cb_spec_stats;
 

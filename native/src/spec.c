@@ -636,6 +636,16 @@ int cb_spec_policy_k(cb_spec_policy *p, int b, const cb_spec_params *sp, int bas
     return best_k;
 }
 
+/* Count one decision about a source; `paused` says the policy declines most
+ * of what the source offers lately (a source whose drafts are found rarely,
+ * like lookup on open chat, is judged by the offers it made). */
+static void note_decision(cb_spec_stats *st, int drafted) {
+    st->decisions++;
+    st->declined += !drafted;
+    st->decline_rate = (st->decisions == 1 ? 0.0 : 0.9 * st->decline_rate) + (st->decisions == 1 ? 1.0 : 0.1) * !drafted;
+    st->paused = st->decline_rate > 0.5;
+}
+
 void cb_spec_req_init(cb_spec_req *q) {
     memset(q, 0, sizeof *q);
     for (int b = 0; b < CB_SPEC_N_SOURCES; b++) q->backoff[b] = 8;
@@ -652,7 +662,8 @@ int cb_spec_policy_plan(cb_spec_policy *p, cb_spec_req *q, int b, const cb_spec_
     if (k_max > n_avail) k_max = n_avail;
     if (!sp->adaptive) { st->k = k_max; st->paused = 0; *gain = 1; return k_max; }
     if (q->wait[b] > 0) {
-        if (--q->wait[b] > 0) return 0;
+        if (--q->wait[b] > 0) { note_decision(st, 0); return 0; }
+        note_decision(st, 1);
         /* probe: a shallow draft refreshes the estimate, taken only if nothing pays more */
         *gain = 1.0 + 1e-9;
         return k_max < 2 ? k_max : 2;
@@ -667,14 +678,13 @@ int cb_spec_policy_plan(cb_spec_policy *p, cb_spec_req *q, int b, const cb_spec_
     if (c->drafts < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
     st->expected_gain = g;
     *gain = g;
+    note_decision(st, g >= 1.0);
     if (g < 1.0) {
-        st->paused = 1;
         st->k = 0;
         q->wait[b] = q->backoff[b];
         if (q->backoff[b] < 256) q->backoff[b] *= 2;
         return 0;
     }
-    st->paused = 0;
     q->backoff[b] = 8;
     if (++c->decisions % CB_SPEC_EXPLORE == 0 && best_k < k_max) best_k++;
     st->k = best_k;
@@ -710,7 +720,7 @@ int cb_spec_policy_k_class(cb_spec_policy *p, int b, int cls, const cb_spec_para
     } else if (c->decisions % CB_SPEC_EXPLORE == 0 && best_k < k_max) {
         best_k++;  /* learn the acceptance one position deeper */
     }
-    st->paused = best_k == 0;
+    note_decision(st, best_k > 0);
     st->k = best_k;
     return best_k;
 }
