@@ -310,3 +310,52 @@ def expert_heatmap(counts, ax=None, normalize: bool = True) -> Figure:
     ax.set_title("expert heat" + (" (share of each layer's routings)" if normalize else " (routings)"))
     fig.colorbar(im, ax=ax)
     return fig
+
+
+def speedup_by_category(table, ax=None) -> Figure:
+    """Decode speedup per task category and arm with its interval, from
+    colibri_lab.speculative.category_speedups (columns category, arm,
+    speedup, ci_low, ci_high); a line at 1 (plain decoding)."""
+    fig, ax = _axes(ax, figsize=(8.0, 4.2))
+    cats = list(dict.fromkeys(table["category"]))
+    arms = list(dict.fromkeys(table["arm"]))
+    width = 0.8 / max(1, len(arms))
+    for j, arm in enumerate(arms):
+        g = table[table.arm == arm].set_index("category")
+        xs = [i + (j - (len(arms) - 1) / 2) * width for i, c in enumerate(cats) if c in g.index]
+        ys = [g.loc[c, "speedup"] for c in cats if c in g.index]
+        lo = [g.loc[c, "speedup"] - g.loc[c, "ci_low"] for c in cats if c in g.index]
+        hi = [g.loc[c, "ci_high"] - g.loc[c, "speedup"] for c in cats if c in g.index]
+        yerr = np.nan_to_num(np.array([lo, hi], dtype=float))
+        ax.bar(xs, ys, width=width, label=arm, yerr=yerr, capsize=2)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(cats, rotation=30, ha="right")
+    ax.set_ylabel("decode speedup vs plain")
+    ax.legend(fontsize="small", ncol=min(3, len(arms)))
+    return _stamp(fig, table)
+
+
+def acceptance_by_position_category(table, arms: Sequence[str] | None = None, ax=None) -> Figure:
+    """Acceptance rate by draft position (vLLM's: accepted at i / drafts) per
+    category, one panel per arm, from category_speedups' acceptance_rate_pos_<i>."""
+    arms = list(arms or dict.fromkeys(table["arm"]))
+    if ax is not None:
+        fig, axes = ax.figure, [ax] * len(arms)
+    else:
+        fig = Figure(figsize=(3.2 * len(arms), 3.4), layout="constrained")
+        axes = [fig.add_subplot(1, len(arms), i + 1) for i in range(len(arms))]
+    cols = sorted((c for c in table.columns if c.startswith("acceptance_rate_pos_")),
+                  key=lambda c: int(c.rsplit("_", 1)[1]))
+    for a, arm in zip(axes, arms):
+        g = table[table.arm == arm]
+        for r in g.itertuples():
+            ys = [getattr(r, c) for c in cols]
+            xs = [i + 1 for i, y in enumerate(ys) if y == y]
+            a.plot(xs, [y for y in ys if y == y], marker=".", label=r.category)
+        a.set_title(arm)
+        a.set_xlabel("draft position")
+        a.set_ylim(0, 1)
+    axes[0].set_ylabel("accepted / drafts")
+    axes[-1].legend(fontsize="x-small")
+    return _stamp(fig, table)
