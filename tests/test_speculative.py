@@ -417,10 +417,11 @@ def test_every_source_on_the_real_pair_is_identical_to_plain_greedy(real_model, 
     tok = Tokenizer.from_metadata(meta)
     prompts = _category_prompts(tok, meta["tokenizer.chat_template"])
     # layer skip chosen by a (short) measured calibration
-    cal_core = _engine.Engine(q15, n_slots=1, n_ctx=96, n_threads=2)
-    cal = calibrate_layer_skip(cal_core, tok.encode(CALIBRATION_TEXT, add_special=False)[:64], max_skip=6, k_max=4)
+    cal_core = _engine.Engine(q15, n_slots=1, n_ctx=64, n_threads=2)
+    cal = calibrate_layer_skip(cal_core, tok.encode(CALIBRATION_TEXT, add_special=False)[:32], max_skip=4, k_max=4)
     cal_core.close()
-    kw = dict(n_slots=4, n_ctx=1024, n_threads=2)
+    # a slot per prompt: every configuration after the first reuses the prompt's KV
+    kw = dict(n_slots=len(prompts), n_ctx=1024, n_threads=2)
     ref = run_all(_engine.Engine(q15, **kw), [(p, dict(max_tokens=16)) for _, p in prompts])
     core = _engine.Engine(q15, draft_model=q05, xdraft_model=smol, skip_layers=cal.skip_layers, **kw)
     configs = [["prompt_lookup"], ["draft"], ["cross_vocab"], ["layer_skip"],

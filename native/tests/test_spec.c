@@ -202,6 +202,48 @@ static void test_policy_carry_forward(void) {
     CHECK(cb_spec_policy_k(&p, ls, &sl, 1) == 0);
 }
 
+/* Per-request planning for drafter sources: the request's own acceptance
+ * moves the choice away from the engine-wide estimate; the measured cost
+ * per drafted token counts; a source that does not pay waits (doubling) and
+ * is then probed shallowly with a gain just above 1. */
+static void test_policy_plan_per_request(void) {
+    cb_spec_params sp = { CB_SPEC_DRAFT, 8, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_DRAFT);
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    feed_costs(&p, 40.0, 0.5, 12);      /* a 1.5B target: a verify row costs ~1% of a step */
+    feed_accept(&p, b, 0, 8, 0.7);      /* engine-wide: 0.7 a position */
+    p.draft_ms_tok[b] = 4.0;            /* the drafter: 10% of a target step per token */
+    cb_spec_req good, bad;
+    cb_spec_req_init(&good);
+    cb_spec_req_init(&bad);
+    double g = 0;
+    int k = cb_spec_policy_plan(&p, &good, b, &sp, 1, 8, &g);
+    CHECK_MSG(k >= 2 && g > 1.2, "k %d gain %.3f", k, g);
+    /* a request whose drafts are always rejected: its own record overrides the engine's */
+    for (int i = 0; i < 40; i++) cb_spec_req_record(&bad, b, 4, 0);  /* 0 of 40: blended P(accept) 2.8 / 44 */
+    double gb = 0;
+    CHECK(cb_spec_policy_plan(&p, &bad, b, &sp, 1, 8, &gb) == 0 && gb < 1.0);
+    CHECK(bad.wait[b] == 8 && bad.backoff[b] == 16);
+    int waited = 0;
+    while (cb_spec_policy_plan(&p, &bad, b, &sp, 1, 8, &gb) == 0 && waited < 100) waited++;
+    CHECK_MSG(waited == 7, "waited %d", waited);           /* the 8th call probes */
+    CHECK(gb > 1.0 && gb < 1.0 + 1e-6);
+    CHECK(cb_spec_policy_plan(&p, &bad, b, &sp, 1, 8, &gb) == 0 && bad.wait[b] == 16);  /* still bad: longer wait */
+    /* the same acceptance with a drafter as dear as the target does not pay */
+    p.draft_ms_tok[b] = 40.0;
+    cb_spec_req fresh;
+    cb_spec_req_init(&fresh);
+    CHECK(cb_spec_policy_plan(&p, &fresh, b, &sp, 1, 8, &g) == 0 && g < 1.0);
+    /* not adaptive: always k_max (bounded by what is available) */
+    cb_spec_params fixed = sp;
+    fixed.adaptive = 0;
+    CHECK(cb_spec_policy_plan(&p, &fresh, b, &fixed, 1, 5, &g) == 5);
+    CHECK(cb_spec_policy_plan(&p, &fresh, -1, &sp, 1, 5, &g) == 0);
+    cb_spec_stats *st = &p.st[b];
+    CHECK(st->decisions > 0 && st->declined > 0 && st->decline_rate > 0 && st->decline_rate <= 1);
+}
+
 int main(void) {
     test_lookup_cases();
     test_lookup_random();
@@ -209,5 +251,6 @@ int main(void) {
     test_policy_outlier();
     test_policy_skip_and_probe();
     test_policy_carry_forward();
+    test_policy_plan_per_request();
     return cb_test_report("test_spec");
 }
