@@ -15,7 +15,8 @@ adaptive policy learns the category from nothing; colibri_lab.speculative.CATEGO
   draft        qwen2.5-coder-0.5b drafting (same vocabulary, checked at load)
   cross_vocab  smollm2 drafting in its own vocabulary, re-tokenized into the target's
   layer_skip   the target with the blocks chosen by the measured calibration skipped
-  adaptive     all four; the policy prices each source per request and drafts with the best that pays
+  adaptive     lookup, draft and cross_vocab; the policy prices each source per request and drafts with the
+               best that pays (layer skip left out: its catch-up is nearly a second prefill)
 All speculating arms are adaptive (depth from measured acceptance and cost; a
 source that does not pay pauses).  For each prompt the arms run back to back
 in an order that rotates with the prompt, then the next prompt.  Decode tok/s
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_metadata(meta)
     draft = _engine.Model(str(models.resolve(a.draft))) if "draft" in arms or "adaptive" in arms else None
     cross = _engine.Model(str(models.resolve(a.cross))) if "cross_vocab" in arms or "adaptive" in arms else None
-    cal = layer_skip_for(target, path, tok, n_threads=a.threads) if "layer_skip" in arms or "adaptive" in arms else None
+    cal = layer_skip_for(target, path, tok, n_threads=a.threads) if "layer_skip" in arms else None
     n_ctx = 2048
 
     def make_engine(arm):
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
             kw["draft_model"] = draft
         if arm in ("cross_vocab", "adaptive"):
             kw["xdraft_model"] = cross
-        if arm in ("layer_skip", "adaptive"):
+        if arm == "layer_skip":
             kw["skip_layers"] = cal.skip_layers
         return _engine.Engine(target, **kw)
 
