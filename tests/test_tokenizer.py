@@ -560,3 +560,76 @@ def test_engine_vocabulary_agrees(alias):
     stops = {"gemma3-270m": ("<end_of_turn>", "<eos>")}.get(alias, ("<|im_end|>", "<|endoftext|>"))
     for text in stops:
         assert model.token_is_eog(tk.token_to_id(text)), text
+
+
+def test_engine_reads_a_sentencepiece_vocabulary(tmp_path, make_tiny):
+    """A tiny llama model whose vocabulary is SentencePiece-style (scores, byte
+    tokens, U+2581 spaces, user-defined and control tokens): the engine's
+    metadata builds the same tokenizer as the header, and the bytes the engine
+    detokenizes each token to are the tokenizer's pieces."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from colibri_lab import _engine
+
+    src = gguf.GGUFReader(make_tiny().path)  # F32, 288 tokens
+    words = ["\u2581the", "\u2581a", "he", "ll", "\u2581hello", "lo", "\u2581", "e", "h", "l", "o",
+             "t", "a", "\u2581t", "\u2581he", "\u2581wor", "ld", "w", "r", "d", "\u2581world", "\u4e2d",
+             "<start_of_turn>", "<end_of_turn>", "<b>", "\n", "\n\n", "  ", "<unused0>"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words
+    types = [2, 3, 3] + [6] * 256 + [1] * 22 + [3, 3, 4, 4, 4, 4, 3]
+    scores = [0.0] * 259 + [-float(k) for k in range(22)] + [-1000.0] * 7
+    assert len(tokens) == 288
+    path = tmp_path / "spm.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, field in src.fields.items():
+        if key.startswith("GGUF.") or key.startswith("tokenizer.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, field.contents(), vtype)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.array(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    model = _engine.Model(str(path))
+    engine_meta = model.metadata()
+    assert engine_meta["tokenizer.ggml.scores"] == scores
+    tk = Tokenizer.from_metadata(engine_meta)
+    ref = Tokenizer.from_metadata(header_metadata(path))
+    for text in ["hello world", " the  world\n\nhe", "中文 é", "<start_of_turn>hello<end_of_turn>", ""]:
+        assert tk.encode(text) == ref.encode(text) == _spm_reference_with_specials(text, tokens, scores, ref)
+    for i in range(len(tokens)):
+        assert model.token_bytes(i) == tk.token_to_piece(i, special=True), (i, tokens[i])
+    assert [i for i in range(len(tokens)) if model.token_is_eog(i)] == sorted(tk.eog_ids)
+
+
+def _spm_reference_with_specials(text, tokens, scores, tk):
+    # BOS (add_bos_token), then each stretch between special / user-defined tokens
+    # through llama.cpp's SPM loop
+    import re
+
+    specials = sorted((tokens[i] for i in range(len(tokens))
+                       if i in tk.special_ids or i in (tokens.index("<b>"), tokens.index("\n"),
+                                                       tokens.index("\n\n"), tokens.index("  "))),
+                      key=len, reverse=True)
+    out = [tk.bos_id]
+    for part in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
+        if part in specials:
+            out.append(tokens.index(part))
+        elif part:
+            out += _spm_reference(part, tokens, scores)
+    return out
