@@ -48,7 +48,7 @@ cdef extern from "colibri.h" nogil:
         float rope_freq_base, rope_freq_scale, norm_eps
         int tied_output, bos_id, eos_id, add_bos
         uint64_t n_params, weight_bytes
-        int file_type
+        int file_type, n_swa
     void cb_model_get_info(const cb_model *model, cb_model_info *info)
 
     int cb_model_meta_count(const cb_model *model)
@@ -184,6 +184,7 @@ cdef extern from "colibri.h" nogil:
     int cb_engine_tokenize_bytes(const cb_engine *engine, const uint8_t *bytes, size_t n, int32_t *out, int cap)
     int cb_engine_slot_info(const cb_engine *engine, int slot, int *n_past, int *busy)
     int cb_engine_slot_tokens(const cb_engine *engine, int slot, int32_t *out, int cap)
+    size_t cb_engine_kv_bytes(const cb_engine *engine)
     int cb_engine_slot_clear(cb_engine *engine, int slot)
     int cb_engine_forward(cb_engine *engine, int slot, const int32_t *tokens, int n, int pos,
                           float *logits_out, char *err, size_t err_len)
@@ -332,7 +333,8 @@ cdef class Model:
                 head_dim=i.head_dim, n_rot=i.n_rot, rope_neox=bool(i.rope_neox),
                 rope_freq_base=i.rope_freq_base, rope_freq_scale=i.rope_freq_scale, norm_eps=i.norm_eps,
                 tied_output=bool(i.tied_output), bos_id=i.bos_id, eos_id=i.eos_id, add_bos=bool(i.add_bos),
-                n_params=i.n_params, weight_bytes=i.weight_bytes, file_type=i.file_type)
+                n_params=i.n_params, weight_bytes=i.weight_bytes, file_type=i.file_type,
+                n_swa=i.n_swa)
             cb_model_moe_info(self.ptr, &ne, &nu, &nf)
             self._info.update(n_expert=ne, n_expert_used=nu, n_ff_exp=nf)
         return dict(self._info)
@@ -675,6 +677,13 @@ cdef class Engine:
         return dict(n_slots=p.n_slots, n_ctx=p.n_ctx, n_threads=p.n_threads, n_batch=p.n_batch,
                     n_chunk=p.n_chunk, simd=names.get(p.simd, str(p.simd)), prefix_reuse=bool(p.prefix_reuse),
                     kv_f16=bool(p.kv_f16))
+
+    @property
+    def kv_bytes(self):
+        """Bytes of the KV cache (keys and values, every slot)."""
+        if self.ptr == NULL:
+            raise errors.ColibriError("engine is closed")
+        return cb_engine_kv_bytes(self.ptr)
 
     def submit(self, tokens, int max_tokens=16, int slot=-1, double temperature=0.0, int top_k=0,
                double top_p=1.0, double min_p=0.0, double repeat_penalty=1.0, int repeat_last_n=64,

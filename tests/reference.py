@@ -27,6 +27,16 @@ Architecture variants (switched on by which tensors the weights hold):
   - QK-norm (qwen3, olmoe): q, k = rmsnorm(q) * q_norm, rmsnorm(k) * k_norm
     before RoPE, per head when the norm weight has head_dim entries (qwen3),
     over the whole projection when it has q_dim / kv_dim (olmoe);
+  - the gemma block (gemma3; hparam gemma=True): x = token_embd[tokens] *
+    sqrt(n_embd); the attention and FFN outputs are RMSNormed with
+    post_attention_norm / post_ffw_norm before they are added to x; the FFN is
+    Wdown (gelu(Wgate h) * Wup h) with gelu's tanh form
+        gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
+    scores are scaled by attn_scale (1/sqrt(head_dim) unless given); and with
+    a sliding window n_swa > 0 the local layers (swa_layers[l]) attend only
+    to positions j > pos - n_swa and rotate with their own RoPE base and
+    scale (rope_base_swa, rope_freq_scale_swa); logits are soft-capped,
+    c * tanh(logits / c), when final_softcap > 0;
   - mixture of experts (qwen3moe, olmoe, qwen2moe, mixtral): the FFN becomes
         p = softmax(Wr h) ; E = the n_expert_used largest p (stable order)
         w_e = p_e, divided by sum_E p when moe_norm_topk (qwen3moe, mixtral)
@@ -44,7 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LlamaRef", "KVCache", "rms_norm", "rope", "silu", "softmax",
+__all__ = ["LlamaRef", "KVCache", "rms_norm", "rope", "silu", "gelu_tanh", "softmax",
            "quantize_q8_0_rows", "read_gguf"]
 
 
@@ -57,6 +67,16 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gemma3_swa_layers(n_layer: int) -> list:
+    """Which gemma3 layers are local: all but every 6th (llama.cpp's
+    set_swa_pattern(6): layer l is local iff l % 6 < 5)."""
+    return [l % 6 < 5 for l in range(n_layer)]
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -138,7 +158,10 @@ class LlamaRef:
                  rope_neox: bool = False, head_dim: int | None = None,
                  n_rot: int | None = None, n_layer: int | None = None,
                  act_q8: bool = False, kv_f16: bool = False, dtype=np.float64,
-                 n_expert_used: int = 0, moe_norm_topk: bool = True, **_ignored):
+                 n_expert_used: int = 0, moe_norm_topk: bool = True,
+                 gemma: bool = False, n_swa: int = 0, swa_layers=None,
+                 rope_base_swa: float = 10000.0, rope_freq_scale_swa: float = 1.0,
+                 attn_scale: float | None = None, final_softcap: float = 0.0, **_ignored):
         """weights: name -> array (GGUF tensor names, numpy shape [n_out, n_in]).
         act_q8: emulate Q8_0 activation rounding before every matrix product
         (emulates a CPU engine's integer dot products; off for the reference
@@ -162,12 +185,19 @@ class LlamaRef:
         self.rope_freq_scale = float(rope_freq_scale)
         self.rope_neox = bool(rope_neox)
         self.act_q8 = bool(act_q8)
+        self.gemma = bool(gemma)
+        self.n_swa = int(n_swa)
+        self.rope_base_swa = float(rope_base_swa)
+        self.rope_freq_scale_swa = float(rope_freq_scale_swa)
+        self.attn_scale = float(attn_scale) if attn_scale else 1.0 / np.sqrt(self.head_dim)
+        self.final_softcap = float(final_softcap)
         if n_layer is None:
             n_layer = 0
             while f"blk.{n_layer}.attn_norm.weight" in weights:
                 n_layer += 1
         self.n_layer = int(n_layer)
         optional = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
+                    "post_attention_norm.weight", "post_ffw_norm.weight",
                     "attn_k_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
                     "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
                     "ffn_down_exps.weight", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight",
@@ -180,6 +210,13 @@ class LlamaRef:
                 if f"blk.{i}.{n}" in weights:
                     L[n.removesuffix(".weight")] = f(weights[f"blk.{i}.{n}"])
             self.layers.append(L)
+        if swa_layers is None:
+            swa_layers = gemma3_swa_layers(self.n_layer) if self.n_swa > 0 else [False] * self.n_layer
+        self.swa_layers = [bool(v) and self.n_swa > 0 for v in swa_layers]
+        if len(self.swa_layers) != self.n_layer:
+            raise ValueError("swa_layers needs one entry per layer")
+        if self.gemma and any("post_attention_norm" not in L or "post_ffw_norm" not in L for L in self.layers):
+            raise ValueError("a gemma model needs post_attention_norm and post_ffw_norm in every layer")
         self.moe = "ffn_gate_inp" in self.layers[0] if self.layers else False
         self.n_expert_used = int(n_expert_used)
         self.moe_norm_topk = bool(moe_norm_topk)
@@ -266,9 +303,14 @@ class LlamaRef:
         group = nh // nkv
         # mask[i, j]: query at position pos[i] may read key position j <= pos[i]
         mask = np.arange(n_kv)[None, :] <= pos[:, None]              # [n, n_kv]
+        # local layers: only the last n_swa positions (j > pos[i] - n_swa)
+        mask_swa = mask & (np.arange(n_kv)[None, :] > pos[:, None] - self.n_swa)
 
         x = self.embd[tokens]                                          # [n, n_embd]
+        if self.gemma:
+            x = x * np.sqrt(self.n_embd)
         for li, L in enumerate(self.layers):
+            local = self.swa_layers[li]
             h = rms_norm(x, L["attn_norm"], self.norm_eps)
             q = self._mm(h, L["attn_q"])
             k = self._mm(h, L["attn_k"])
@@ -284,8 +326,9 @@ class LlamaRef:
             if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd:   # per head (qwen3)
                 q = rms_norm(q, L["attn_q_norm"], self.norm_eps)
                 k = rms_norm(k, L["attn_k_norm"], self.norm_eps)
-            rk = dict(n_rot=self.n_rot, base=self.rope_base,
-                      freq_scale=self.rope_freq_scale, neox=self.rope_neox)
+            rk = dict(n_rot=self.n_rot, base=self.rope_base_swa if local else self.rope_base,
+                      freq_scale=self.rope_freq_scale_swa if local else self.rope_freq_scale,
+                      neox=self.rope_neox)
             q = rope(q, pos, **rk)
             k = rope(k, pos, **rk)
             if self.kv_f16:
@@ -297,22 +340,31 @@ class LlamaRef:
             # Broadcast each KV head to its group of query heads.
             Kh = np.repeat(K, group, axis=1)                          # [n_kv, nh, hd]
             Vh = np.repeat(V, group, axis=1)
-            s = np.einsum("ihd,jhd->hij", q, Kh) / np.sqrt(hd)        # [nh, n, n_kv]
-            s = np.where(mask[None], s, -np.inf)
+            s = np.einsum("ihd,jhd->hij", q, Kh) * self.attn_scale     # [nh, n, n_kv]
+            s = np.where((mask_swa if local else mask)[None], s, -np.inf)
             p = softmax(s, axis=-1)
             a = np.einsum("hij,jhd->ihd", p, Vh).reshape(n, nh * hd)
-            x = x + self._mm(a, L["attn_output"])
+            o = self._mm(a, L["attn_output"])
+            if self.gemma:
+                o = rms_norm(o, L["post_attention_norm"], self.norm_eps)
+            x = x + o
             h = rms_norm(x, L["ffn_norm"], self.norm_eps)
             if self.moe:
                 x = x + self._moe(li, L, h)
                 continue
             g = self._mm(h, L["ffn_gate"])
             u = self._mm(h, L["ffn_up"])
-            x = x + self._mm(silu(g) * u, L["ffn_down"])
+            o = self._mm((gelu_tanh(g) if self.gemma else silu(g)) * u, L["ffn_down"])
+            if self.gemma:
+                o = rms_norm(o, L["post_ffw_norm"], self.norm_eps)
+            x = x + o
         cache.n = n_kv
         cache.tokens = list(cache.tokens[:start_pos]) + tokens.tolist()
         h = rms_norm(x, self.output_norm, self.norm_eps)
-        return self._mm(h, self.output)
+        logits = self._mm(h, self.output)
+        if self.final_softcap > 0:
+            logits = self.final_softcap * np.tanh(logits / self.final_softcap)
+        return logits
 
     def _moe(self, li: int, L: dict, h: np.ndarray) -> np.ndarray:
         """Mixture-of-experts FFN of layer li over rows h [n, n_embd]."""
@@ -367,8 +419,8 @@ def read_gguf(path) -> tuple[dict, dict]:
         return _field_value(meta[key]) if key in meta else default
 
     arch = get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe"):
-        raise ValueError(f"reference supports llama, qwen2, qwen3, qwen3moe, olmoe, qwen2moe; file has {arch!r}")
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe", "gemma3"):
+        raise ValueError(f"reference supports llama, qwen2, qwen3, qwen3moe, olmoe, qwen2moe, gemma3; file has {arch!r}")
     a = arch
     n_embd = int(get(f"{a}.embedding_length"))
     n_head = int(get(f"{a}.attention.head_count"))
@@ -389,6 +441,15 @@ def read_gguf(path) -> tuple[dict, dict]:
         n_expert_used=int(get(f"{a}.expert_used_count", 0)),
         moe_norm_topk=arch in ("llama", "qwen3moe"),
     )
+    if arch == "gemma3":
+        # llama.cpp's gemma3 hparams: every 6th layer global, local RoPE base
+        # 10000 unscaled, query scale 1/sqrt(key_length) (27B, 62 blocks:
+        # 1/sqrt(n_embd / n_head)), embeddings times sqrt(n_embd).
+        n_swa = int(get(f"{a}.attention.sliding_window", 0))
+        hp.update(gemma=True, n_swa=n_swa, swa_layers=gemma3_swa_layers(hp["n_layer"]) if n_swa else None,
+                  rope_base_swa=10000.0, rope_freq_scale_swa=1.0,
+                  attn_scale=1.0 / np.sqrt(n_embd // n_head if hp["n_layer"] == 62 else head_dim),
+                  final_softcap=float(get(f"{a}.final_logit_softcapping", 0.0)))
     weights = {}
     for t in r.tensors:
         qt = QT(int(t.tensor_type))

@@ -49,7 +49,7 @@ WTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 KQ_WTYPES = ("Q4_K", "Q5_K", "Q6_K")
 
 # Architectures write_tiny_model() can write ("mixtral" = llama + experts).
-ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe", "mixtral")
+ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe", "mixtral", "gemma3")
 
 # general.file_type (llama_ftype) that llama.cpp writes for a model whose
 # matrices are mostly of this type.
@@ -266,7 +266,7 @@ def write_tiny_model(
     n_vocab: int = 288,
     n_embd: int = 64,
     n_ff: int = 128,
-    n_layer: int = 2,
+    n_layer: int | None = None,
     n_head: int = 4,
     n_head_kv: int = 2,
     head_dim: int | None = None,
@@ -275,7 +275,8 @@ def write_tiny_model(
     n_ff_exp: int = 64,
     n_ff_shexp: int = 96,
     n_ctx: int = 256,
-    rope_base: float = 10000.0,
+    n_swa: int = 8,
+    rope_base: float | None = None,
     rope_scale: float | None = None,
     norm_eps: float = 1e-5,
     attn_out_gain: float = 0.4,
@@ -295,7 +296,15 @@ def write_tiny_model(
                 experts, not renormalised.  qwen2moe: qwen2 attention +
                 experts (not renormalised) + a shared expert with a sigmoid
                 gate.  mixtral: arch "llama" with llama.expert_count > 0,
-                top-k renormalised.
+                top-k renormalised.  gemma3: per-head QK-norm, NeoX, the gemma
+                block (embeddings * sqrt(n_embd), post-attention and post-FFN
+                RMSNorms, GELU-tanh FFN), head_dim 32 by default (q_dim 128 !=
+                n_embd), and a sliding window of n_swa positions on every
+                layer but each 6th (7 layers by default: 0-4 and 6 local, 5
+                global); add_bos_token true, as gemma asks.
+    n_layer:    blocks (default 2; gemma3: 7, so both layer kinds occur).
+    n_swa:      gemma3's attention.sliding_window (0: none, all layers global).
+    rope_base:  rope.freq_base (default 10000; gemma3: 1e6, as the real file).
     wtype:      type of every 2-D matrix and expert tensor (attention, FFN,
                 experts, output) — one of WTYPES or KQ_WTYPES (K-quants need
                 n_embd, n_ff, n_ff_exp, q_dim multiples of 256).  The router
@@ -353,9 +362,16 @@ def write_tiny_model(
     if embd_type not in all_types:
         raise ValueError(f"embd_type {embd_type!r} not in {all_types}")
     moe = arch in ("qwen3moe", "olmoe", "qwen2moe", "mixtral")
+    gemma = arch == "gemma3"
     file_arch = "llama" if arch == "mixtral" else arch
     qkv_bias = arch in ("qwen2", "qwen2moe")
-    qk_norm = 1 if arch in ("qwen3", "qwen3moe") else 2 if arch == "olmoe" else 0
+    qk_norm = 1 if arch in ("qwen3", "qwen3moe", "gemma3") else 2 if arch == "olmoe" else 0
+    if n_layer is None:
+        n_layer = 7 if gemma else 2
+    if gemma and head_dim is None:
+        head_dim = 32
+    if rope_base is None:  # gemma3's global layers: 1e6 (its local layers: 10000)
+        rope_base = 1e6 if gemma else 10000.0
     neox = arch != "llama" and arch != "mixtral"
     shared = arch == "qwen2moe"
     if arch in ("olmoe", "mixtral"):
@@ -417,6 +433,8 @@ def write_tiny_model(
     if rope_scale is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope_scale))
+    if gemma and n_swa:
+        writer.add_sliding_window(int(n_swa))
 
     tokens, types, merges = tiny_vocab(n_vocab)
     writer.add_tokenizer_model("gpt2")
@@ -428,7 +446,7 @@ def write_tiny_model(
     writer.add_eos_token_id(257)   # <|im_end|>
     writer.add_unk_token_id(258)   # <|endoftext|>
     writer.add_pad_token_id(257)
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(gemma)
     writer.add_chat_template(CHATML_TEMPLATE)
 
     # Tensors, in llama.cpp's order.  Embedding rows have unit-ish norm; the
@@ -460,11 +478,29 @@ def write_tiny_model(
             w[p + "attn_k_norm.weight"] = _store(p + "attn_k_norm.weight",
                                                  norm_w(head_dim if qk_norm == 1 else kv_dim), QT.F32, writer)
         w[p + "attn_output.weight"] = _store(p + "attn_output.weight", mat(n_embd, q_dim, attn_out_gain), qt, writer)
+        if gemma:
+            # The post-norms set the scale of what a block adds.  The
+            # residual starts at rms 0.5 * sqrt(n_embd) (scaled embeddings),
+            # so gain * sqrt(n_embd) would keep each block's update in the
+            # same proportion to it as attn_out_gain / ffn_down_gain do for
+            # the other architectures (see "Conditioning"); seven blocks
+            # instead of two accumulate more activation rounding (measured,
+            # 17-token prompt, engine vs reference: Q8_0 2.7%, Q4_1 2.9%),
+            # so half that: Q8_0 1.7%, Q4_1 1.4%, and every gemma feature
+            # still moves the logits far beyond the float tolerance
+            # (test_models_arch.test_reference_gemma3_features_matter).
+            post_gain = 0.5 * np.sqrt(n_embd)
+            w[p + "post_attention_norm.weight"] = _store(
+                p + "post_attention_norm.weight", norm_w(n_embd) * np.float32(attn_out_gain * post_gain),
+                QT.F32, writer)
         w[p + "ffn_norm.weight"] = _store(p + "ffn_norm.weight", norm_w(n_embd), QT.F32, writer)
         if not moe:
             w[p + "ffn_gate.weight"] = _store(p + "ffn_gate.weight", mat(n_ff, n_embd), qt, writer)
             w[p + "ffn_up.weight"] = _store(p + "ffn_up.weight", mat(n_ff, n_embd), qt, writer)
             w[p + "ffn_down.weight"] = _store(p + "ffn_down.weight", mat(n_embd, n_ff, ffn_down_gain), qt, writer)
+            if gemma:
+                w[p + "post_ffw_norm.weight"] = _store(
+                    p + "post_ffw_norm.weight", norm_w(n_embd) * np.float32(ffn_down_gain * post_gain), QT.F32, writer)
             continue
         # Router with gain 2: routing probabilities well spread (clear top-k
         # most of the time) so a near-tie between the k-th and (k+1)-th
@@ -500,6 +536,10 @@ def write_tiny_model(
         wtype=wtype, embd_type=embd_type, arch=arch,
         n_expert=n_expert if moe else 0, n_expert_used=n_expert_used if moe else 0,
         moe_norm_topk=file_arch in ("llama", "qwen3moe"),  # llama = Mixtral when it has experts
+        gemma=gemma, n_swa=int(n_swa) if gemma else 0,
+        swa_layers=[gemma and n_swa > 0 and l % 6 < 5 for l in range(n_layer)],
+        rope_base_swa=10000.0, rope_freq_scale_swa=1.0,
+        attn_scale=float(1.0 / np.sqrt(head_dim)), final_softcap=0.0,
     )
     w.path = path
     return w

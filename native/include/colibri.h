@@ -100,6 +100,7 @@ typedef struct {
     uint64_t n_params;       /* weights' element count */
     uint64_t weight_bytes;   /* bytes of tensor data */
     int      file_type;      /* general.file_type or -1 */
+    int      n_swa;          /* sliding window of the local layers (0: every layer attends to all) */
 } cb_model_info;
 
 void cb_model_get_info(const cb_model *model, cb_model_info *info);
@@ -429,6 +430,9 @@ int cb_engine_slot_info(const cb_engine *engine, int slot, int *n_past, int *bus
 int cb_engine_slot_tokens(const cb_engine *engine, int slot, int32_t *out, int cap);
 /* Forget a slot's KV (it must not be busy). */
 int cb_engine_slot_clear(cb_engine *engine, int slot);
+/* Bytes of the KV cache (keys and values, all slots): local (sliding-window)
+ * layers hold a ring of the window, so this grows with the window, not n_ctx. */
+size_t cb_engine_kv_bytes(const cb_engine *engine);
 
 /* Direct forward for tests and tools: run `tokens` on an idle slot at
  * positions [pos, pos+n) and write logits for every row to

@@ -569,12 +569,14 @@ static void admit(cb_engine *e) {
         cb_slot *sl = &e->slots[s];
         match = P->prefix_reuse ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
         if (match > r->n_prompt - 1) match = r->n_prompt - 1;  /* the last prompt token must run for logits */
+        match = cb_kv_usable(&e->ctx, s, match);  /* a sliding window's ring may have moved on */
         if (P->prefix_reuse && r->copy_prefix) {
             int src = -1, src_match = match;
             for (int i = 0; i < P->n_slots; i++) {
                 if (i == s) continue;
                 int m = common_prefix(e->slots[i].tokens, e->slots[i].n_past, r->prompt, r->n_prompt);
                 if (m > r->n_prompt - 1) m = r->n_prompt - 1;
+                m = cb_kv_usable(&e->ctx, i, m);
                 if (m > src_match) { src = i; src_match = m; }
             }
             if (src >= 0) {
@@ -585,6 +587,7 @@ static void admit(cb_engine *e) {
             }
         }
         sl->n_past = match;
+        cb_kv_keep(&e->ctx, s, match);
         sl->req = best;
         r->slot = s;
         r->cached = match;
@@ -1059,10 +1062,13 @@ int cb_engine_slot_tokens(const cb_engine *e, int slot, int32_t *out, int cap) {
     return n;
 }
 
+size_t cb_engine_kv_bytes(const cb_engine *e) { return e ? e->ctx.kv_bytes : 0; }
+
 int cb_engine_slot_clear(cb_engine *e, int slot) {
     if (slot < 0 || slot >= e->params.n_slots) return CB_ERR_ARG;
     if (e->slots[slot].req >= 0) return CB_ERR_BUSY;
     e->slots[slot].n_past = 0;
+    cb_kv_keep(&e->ctx, slot, 0);
     return CB_OK;
 }
 
@@ -1079,7 +1085,12 @@ int cb_engine_forward(cb_engine *e, int slot, const int32_t *tokens, int n, int 
     int n_vocab = e->model->info.n_vocab;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= n_vocab) { set_err(err, err_len, "token %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab); return CB_ERR_ARG; }
+    if (cb_kv_usable(&e->ctx, slot, pos) != pos) {
+        set_err(err, err_len, "the sliding window before pos %d is no longer in the KV cache; run from pos 0", pos);
+        return CB_ERR_ARG;
+    }
     sl->n_past = pos;
+    cb_kv_keep(&e->ctx, slot, pos);
     for (int done = 0; done < n;) {
         int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
         for (int j = 0; j < chunk; j++) {

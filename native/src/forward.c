@@ -56,9 +56,28 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     size_t qdim = (size_t)I->n_head * I->head_dim;
     size_t wide = qdim > (size_t)I->n_embd ? qdim : (size_t)I->n_embd;
     size_t B = (size_t)n_batch;
-    size_t kv = (size_t)I->n_layer * n_slots * n_ctx * c->kv_dim * c->kv_elt;
-    c->k_cache = cb_big_alloc(kv);
-    c->v_cache = cb_big_alloc(kv);
+    /* KV layout (forward.h): rings for the local layers when they are
+     * smaller than the context. */
+    int any_swa = 0;
+    for (int l = 0; l < I->n_layer; l++) any_swa |= m->layers[l].swa;
+    const int64_t W = m->n_swa, ring = W + n_batch - 1;
+    c->kv_ring = any_swa && ring + W - 1 < n_ctx ? (int)ring : 0;
+    c->kv_off = malloc((size_t)I->n_layer * sizeof(size_t));
+    c->kv_rows = malloc((size_t)I->n_layer * sizeof(int));
+    c->kv_hi = malloc((size_t)n_slots * sizeof(int));
+    size_t rows = 0;
+    if (c->kv_off && c->kv_rows && c->kv_hi) {
+        for (int l = 0; l < I->n_layer; l++) {
+            c->kv_rows[l] = m->layers[l].swa && c->kv_ring ? c->kv_ring + (int)W - 1 : n_ctx;
+            c->kv_off[l] = rows;
+            rows += (size_t)n_slots * I->n_head_kv * c->kv_rows[l];
+        }
+        for (int s = 0; s < n_slots; s++) c->kv_hi[s] = -1;
+    }
+    size_t kv = rows * I->head_dim * c->kv_elt;
+    c->kv_bytes = 2 * kv;
+    c->k_cache = kv ? cb_big_alloc(kv) : NULL;
+    c->v_cache = kv ? cb_big_alloc(kv) : NULL;
     c->x = cb_big_alloc(B * I->n_embd * sizeof(float));
     c->xb = cb_big_alloc(B * wide * sizeof(float));
     c->q = cb_big_alloc(B * qdim * sizeof(float));
@@ -72,6 +91,13 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     c->rope_freq = cb_big_alloc((size_t)(I->n_rot / 2 + 1) * sizeof(double));
     if (c->rope_freq)
         for (int i = 0; i < I->n_rot / 2; i++) c->rope_freq[i] = pow((double)I->rope_freq_base, -2.0 * i / I->n_rot);
+    if (any_swa) {  /* the local layers' own RoPE base */
+        c->rope_swa = cb_big_alloc(B * I->n_rot * sizeof(float));
+        c->rope_freq_swa = cb_big_alloc((size_t)(I->n_rot / 2 + 1) * sizeof(double));
+        if (c->rope_freq_swa)
+            for (int i = 0; i < I->n_rot / 2; i++)
+                c->rope_freq_swa[i] = pow((double)m->rope_freq_base_swa, -2.0 * i / I->n_rot);
+    }
     c->scores = cb_big_alloc((size_t)cb_pool_size(pool) * (size_t)(I->n_head / I->n_head_kv) * n_ctx * sizeof(float));
     c->xl = cb_big_alloc((size_t)n_logits * I->n_embd * sizeof(float));
     c->logits = cb_big_alloc((size_t)n_logits * I->n_vocab * sizeof(float));
@@ -105,7 +131,8 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
     }
     if (!c->k_cache || !c->v_cache || !c->x || !c->xb || !c->q || !c->kx || !c->vx || !c->hb ||
         !c->hb2 || !c->tmp || !c->rope || !c->rope_freq || !c->scores || !c->xl || !c->logits || !c->head_idx || !c->head_max || !c->head_pidx || !c->head_pmax ||
-        !c->mm_scratch || !c->act_q || !moe_ok) {
+        !c->mm_scratch || !c->act_q || !moe_ok || !c->kv_off || !c->kv_rows || !c->kv_hi ||
+        (any_swa && (!c->rope_swa || !c->rope_freq_swa))) {
         snprintf(err, err_len, "out of memory allocating the KV cache (%.1f MiB) and buffers",
                  2.0 * kv / (1024.0 * 1024.0));
         cb_ctx_free(c);
@@ -115,7 +142,8 @@ int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool
 }
 
 void cb_ctx_free(cb_ctx *c) {
-    free(c->k_cache); free(c->v_cache); free(c->x); free(c->xb); free(c->q); free(c->kx);
+    free(c->k_cache); free(c->v_cache); free(c->kv_off); free(c->kv_rows); free(c->kv_hi);
+    free(c->rope_swa); free(c->rope_freq_swa); free(c->x); free(c->xb); free(c->q); free(c->kx);
     free(c->vx); free(c->hb); free(c->hb2); free(c->tmp); free(c->rope); free(c->rope_freq); free(c->scores);
     free(c->xl); free(c->logits); free(c->head_idx); free(c->head_max); free(c->head_pidx); free(c->head_pmax);
     free(c->mm_scratch); free(c->act_q);
@@ -125,25 +153,71 @@ void cb_ctx_free(cb_ctx *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* Address of (layer, slot, KV head, pos) in a KV cache, laid out
- * [layer][slot][kv head][pos][head_dim] (elements of c->kv_elt bytes): the
- * positions one attention call reads (one KV head of one slot) are one
- * contiguous run, which the hardware prefetcher streams. */
-static inline void *kv_at(const cb_ctx *c, void *cache, int layer, int slot, int kh, int pos) {
+/* Address of row `row` of (layer, slot, KV head) in a KV cache, laid out
+ * per layer [slot][kv head][row][head_dim] (elements of c->kv_elt bytes;
+ * forward.h says which row holds which position): the rows one attention
+ * call reads (one KV head of one slot) are one contiguous run, which the
+ * hardware prefetcher streams. */
+static inline void *kv_at(const cb_ctx *c, void *cache, int layer, int slot, int kh, int row) {
     const cb_model_info *I = &c->model->info;
     return (uint8_t *)cache +
-           ((((size_t)layer * c->n_slots + slot) * I->n_head_kv + kh) * c->n_ctx + pos) * I->head_dim * c->kv_elt;
+           (c->kv_off[layer] + ((size_t)slot * I->n_head_kv + kh) * c->kv_rows[layer] + row) * I->head_dim * c->kv_elt;
+}
+
+/* Ring length of layer l (0: row = position). */
+static inline int kv_ring_of(const cb_ctx *c, int layer) {
+    return c->model->layers[layer].swa ? c->kv_ring : 0;
+}
+
+/* The positions a row at `pos` attends to in `layer` (all before it, or the
+ * last n_swa on a local layer): returns their count and sets *row0 to the
+ * cache row of the first; they are rows [*row0, *row0 + count). */
+static inline int kv_window(const cb_ctx *c, int layer, int pos, int *row0) {
+    const int W = c->model->n_swa, ring = kv_ring_of(c, layer);
+    const int start = c->model->layers[layer].swa && pos >= W ? pos - W + 1 : 0;
+    *row0 = ring ? start % ring : start;
+    return pos - start + 1;
 }
 
 void cb_kv_copy(cb_ctx *c, int dst, int src, int n) {
     if (dst == src || n <= 0) return;
     const cb_model_info *I = &c->model->info;
-    size_t bytes = (size_t)n * I->head_dim * c->kv_elt;
-    for (int l = 0; l < I->n_layer; l++)
-        for (int kh = 0; kh < I->n_head_kv; kh++) {
-            memcpy(kv_at(c, c->k_cache, l, dst, kh, 0), kv_at(c, c->k_cache, l, src, kh, 0), bytes);
-            memcpy(kv_at(c, c->v_cache, l, dst, kh, 0), kv_at(c, c->v_cache, l, src, kh, 0), bytes);
+    const size_t row_bytes = (size_t)I->head_dim * c->kv_elt;
+    for (int l = 0; l < I->n_layer; l++) {
+        const int ring = kv_ring_of(c, l), W = c->model->n_swa;
+        /* [r0, r1) and the mirror [m0, m1): positions [0, n) while the ring
+         * has not wrapped, else the whole ring (then every row may hold a
+         * position the source still needs) */
+        int r0 = 0, r1 = n, m0 = 0, m1 = 0;
+        if (ring && c->kv_hi[src] < ring) {
+            r1 = n < ring ? n : ring;
+            m0 = ring;
+            m1 = ring + (n < W - 1 ? n : W - 1);
+        } else if (ring) {
+            r1 = c->kv_rows[l];
         }
+        for (int kh = 0; kh < I->n_head_kv; kh++)
+            for (int part = 0; part < 2; part++) {
+                const int a = part ? m0 : r0, b = part ? m1 : r1;
+                if (b <= a) continue;
+                memcpy(kv_at(c, c->k_cache, l, dst, kh, a), kv_at(c, c->k_cache, l, src, kh, a), (size_t)(b - a) * row_bytes);
+                memcpy(kv_at(c, c->v_cache, l, dst, kh, a), kv_at(c, c->v_cache, l, src, kh, a), (size_t)(b - a) * row_bytes);
+            }
+    }
+    c->kv_hi[dst] = c->kv_hi[src];
+}
+
+int cb_kv_usable(const cb_ctx *c, int slot, int n) {
+    if (n <= 0) return 0;
+    if (!c->kv_ring) return n;
+    /* continuing at n reads positions [n - W + 1, n); the lowest must not
+     * have been overwritten by a later position in the same ring row */
+    const int W = c->model->n_swa, lo = n > W - 1 ? n - W + 1 : 0;
+    return lo > c->kv_hi[slot] - c->kv_ring ? n : 0;
+}
+
+void cb_kv_keep(cb_ctx *c, int slot, int n) {
+    if (n <= 0) c->kv_hi[slot] = -1;
 }
 
 /* ------------------------------------------------------------ row tasks */
@@ -155,7 +229,9 @@ typedef struct {
     int            layer;
     const float   *norm_w;   /* rmsnorm weight */
     float         *in;       /* rmsnorm input rows (the residual stream) */
-    const float   *add;      /* rmsnorm: rows added into `in` first (a pending residual), or NULL */
+    float         *add;      /* rmsnorm: rows added into `in` first (a pending residual), or NULL */
+    const float   *add_norm_w; /* gemma: the pending rows are RMSNormed with this weight (in
+                                  place) before they are added; NULL: added as they are */
     float         *out;      /* rmsnorm output rows */
     int            n;        /* rows */
     int            dim;      /* row length */
@@ -179,7 +255,11 @@ static void task_rmsnorm(void *arg, int ith, int nth) {
     float eps = t->c->model->info.norm_eps;
     for (int r = r0; r < r1; r++) {
         float *in = t->in + (size_t)r * t->dim;
-        if (t->add) add_rows(in, t->add + (size_t)r * t->dim, (size_t)t->dim);
+        if (t->add) {
+            float *a = t->add + (size_t)r * t->dim;
+            if (t->add_norm_w) t->c->k->rmsnorm(a, t->add_norm_w, a, t->dim, eps);
+            add_rows(in, a, (size_t)t->dim);
+        }
         t->c->k->rmsnorm(in, t->norm_w, t->out + (size_t)r * t->dim, t->dim, eps);
     }
     if (t->q_out) cb_quantize_rows(t->c->k, t->out, t->q_out, t->dim, r0, r1);
@@ -189,6 +269,18 @@ static void task_rmsnorm(void *arg, int ith, int nth) {
 static void run_rows(cb_ctx *c, cb_pool_fn fn, row_task *t) {
     if (t->n >= 4 && cb_pool_size(c->pool) > 1) cb_pool_run(c->pool, fn, t);
     else fn(t, 0, 1);
+}
+
+/* One KV head's key and value rows into cache row `row`. */
+static void store_kv(cb_ctx *c, int layer, int slot, int kh, int row, const float *kr, const float *vr) {
+    const int hd = c->model->info.head_dim;
+    if (c->kv_f16) {
+        c->k->to_f16(kr, kv_at(c, c->k_cache, layer, slot, kh, row), hd);
+        c->k->to_f16(vr, kv_at(c, c->v_cache, layer, slot, kh, row), hd);
+    } else {
+        memcpy(kv_at(c, c->k_cache, layer, slot, kh, row), kr, (size_t)hd * sizeof(float));
+        memcpy(kv_at(c, c->v_cache, layer, slot, kh, row), vr, (size_t)hd * sizeof(float));
+    }
 }
 
 /* RoPE on q and k of rows [r0, r1), then store k, v into their slots' cache. */
@@ -211,20 +303,18 @@ static void rope_store_rows(row_task *t, int r0, int r1) {
             c->k->rmsnorm(q, L->q_norm, q, (int)qdim, I->norm_eps);
             c->k->rmsnorm(k, L->k_norm, k, c->kv_dim, I->norm_eps);
         }
-        const float *cs = c->rope + (size_t)r * I->n_rot;
+        const float *cs = (L->swa ? c->rope_swa : c->rope) + (size_t)r * I->n_rot;
         c->k->rope(c->q + r * qdim, cs, I->n_head, I->head_dim, I->n_rot, I->rope_neox);
         c->k->rope(c->kx + (size_t)r * c->kv_dim, cs, I->n_head_kv, I->head_dim, I->n_rot, I->rope_neox);
-        int slot = t->b->slot[r], pos = t->b->pos[r];
+        /* the position's cache row, and its mirror after a local layer's ring */
+        const int slot = t->b->slot[r], pos = t->b->pos[r], ring = kv_ring_of(c, t->layer);
+        const int row = ring ? pos % ring : pos;
+        const int mirror = ring && row < c->model->n_swa - 1 ? row + ring : -1;
         for (int kh = 0; kh < I->n_head_kv; kh++) {
             const float *kr = c->kx + (size_t)r * c->kv_dim + (size_t)kh * hd;
             const float *vr = c->vx + (size_t)r * c->kv_dim + (size_t)kh * hd;
-            if (c->kv_f16) {
-                c->k->to_f16(kr, kv_at(c, c->k_cache, t->layer, slot, kh, pos), hd);
-                c->k->to_f16(vr, kv_at(c, c->v_cache, t->layer, slot, kh, pos), hd);
-            } else {
-                memcpy(kv_at(c, c->k_cache, t->layer, slot, kh, pos), kr, (size_t)hd * sizeof(float));
-                memcpy(kv_at(c, c->v_cache, t->layer, slot, kh, pos), vr, (size_t)hd * sizeof(float));
-            }
+            store_kv(c, t->layer, slot, kh, row, kr, vr);
+            if (mirror >= 0) store_kv(c, t->layer, slot, kh, mirror, kr, vr);
         }
     }
 }
@@ -243,8 +333,10 @@ static void prefetch_item_k(const row_task *t, int it, int parts) {
     const cb_ctx *c = t->c;
     const cb_model_info *I = &c->model->info;
     const int r = it / (I->n_head_kv * parts), kh = it / parts % I->n_head_kv;
-    const char *K = kv_at(c, c->k_cache, t->layer, t->b->slot[r], kh, 0);
-    const int np = t->b->pos[r] + 1 < 16 ? t->b->pos[r] + 1 : 16;
+    int row0;
+    const int n_pos = kv_window(c, t->layer, t->b->pos[r], &row0);
+    const char *K = kv_at(c, c->k_cache, t->layer, t->b->slot[r], kh, row0);
+    const int np = n_pos < 16 ? n_pos : 16;
     for (size_t o = 0; o < (size_t)np * I->head_dim * c->kv_elt; o += 64) __builtin_prefetch(K + o, 0, 2);
 }
 
@@ -276,14 +368,16 @@ static void task_attention(void *arg, int ith, int nth) {
         rows_range(n_items, ith, nth, &i0, &i1);
     }
     float *scores = c->scores + (size_t)ith * group * c->n_ctx;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = c->model->attn_scale;
     const size_t qdim = (size_t)I->n_head * hd;
     for (int it = i0; it < i1; it++) {
         const int r = it / (I->n_head_kv * parts), kh = it / parts % I->n_head_kv;
         const int h = kh * group + it % parts * per;  /* first query head of the item */
-        const int slot = t->b->slot[r], n_pos = t->b->pos[r] + 1;
-        const void *K = kv_at(c, c->k_cache, t->layer, slot, kh, 0);
-        const void *V = kv_at(c, c->v_cache, t->layer, slot, kh, 0);
+        const int slot = t->b->slot[r];
+        int row0;
+        const int n_pos = kv_window(c, t->layer, t->b->pos[r], &row0);
+        const void *K = kv_at(c, c->k_cache, t->layer, slot, kh, row0);
+        const void *V = kv_at(c, c->v_cache, t->layer, slot, kh, row0);
         if (it + 1 < i1) prefetch_item_k(t, it + 1, parts);
         c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)hd, c->kv_f16, n_pos, scale,
                    scores, c->xb + r * qdim + (size_t)h * hd);
@@ -291,16 +385,19 @@ static void task_attention(void *arg, int ith, int nth) {
     if (t->q_out) cb_quantize_rows(c->k, c->xb, t->q_out, (int64_t)qdim, q_rows[0], q_rows[1]);
 }
 
-/* hb = silu(hb) * hb2 over rows of width t->dim (packed). */
+/* hb = act(hb) * hb2 over rows of width t->dim (packed): SiLU (SwiGLU), or
+ * GELU-tanh for the gemma block (GEGLU). */
 static void task_swiglu(void *arg, int ith, int nth) {
     row_task *t = arg;
     cb_ctx *c = t->c;
     int n_ff = t->dim;
     int r0, r1;
     rows_range(t->n, ith, nth, &r0, &r1);
+    const int gelu = c->model->cfg.gemma;
     for (int r = r0; r < r1; r++) {
         float *g = c->hb + (size_t)r * n_ff, *u = c->hb2 + (size_t)r * n_ff;
-        c->k->swiglu(g, u, n_ff);
+        if (gelu) cb_geglu_generic(g, u, n_ff);
+        else c->k->swiglu(g, u, n_ff);
     }
     if (t->q_out) cb_quantize_rows(c->k, c->hb, t->q_out, n_ff, r0, r1);
 }
@@ -492,21 +589,45 @@ int cb_ctx_row_experts(const cb_ctx *c, int row, int layer, int32_t *out) {
     return c->n_used;
 }
 
+/* cos, sin of pos * scale * freq[i] for the n_rot / 2 pairs. */
+static void rope_angles(float *cs, int pos, float scale, const double *freq, int n_rot) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = (double)pos * scale * freq[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+/* logits = cap * tanh(logits / cap) over the head's rows (gemma's final
+ * soft cap), then each row's argmax again (tanh may merge near maxima). */
+static void softcap_logits(cb_ctx *c, int n_out) {
+    const float cap = c->model->final_softcap, inv = 1.0f / cap;
+    const int64_t V = c->model->info.n_vocab;
+    for (int r = 0; r < n_out; r++) {
+        float *l = c->logits + (size_t)r * V;
+        for (int64_t i = 0; i < V; i++) l[i] = cap * tanhf(l[i] * inv);
+        c->head_max[r] = -INFINITY;
+        c->head_idx[r] = -1;
+        c->k->argmax(l, V, 0, &c->head_max[r], &c->head_idx[r]);
+    }
+}
+
 void cb_forward(cb_ctx *c, const cb_batch *b) {
     const cb_model *m = c->model;
     const cb_model_info *I = &m->info;
     const int n = b->n, D = I->n_embd;
     double t0 = now_ms(), tm0 = c->t_matmul, ta0 = c->t_attention, th0 = c->t_lm_head;
 
-    /* embeddings and RoPE angles (shared by all layers) */
+    /* embeddings and RoPE angles (shared by all layers of a kind) */
     for (int r = 0; r < n; r++) {
-        cb_weight_row_f32(&m->tok_embd, b->tokens[r], c->x + (size_t)r * D);
-        float *cs = c->rope + (size_t)r * I->n_rot;
-        for (int i = 0; i < I->n_rot / 2; i++) {
-            double theta = (double)b->pos[r] * I->rope_freq_scale * c->rope_freq[i];
-            cs[2 * i] = (float)cos(theta);
-            cs[2 * i + 1] = (float)sin(theta);
-        }
+        float *x = c->x + (size_t)r * D;
+        cb_weight_row_f32(&m->tok_embd, b->tokens[r], x);
+        if (m->embd_scale != 1.0f)
+            for (int i = 0; i < D; i++) x[i] *= m->embd_scale;
+        rope_angles(c->rope + (size_t)r * I->n_rot, b->pos[r], I->rope_freq_scale, c->rope_freq, I->n_rot);
+        if (c->rope_swa)
+            rope_angles(c->rope_swa + (size_t)r * I->n_rot, b->pos[r], m->rope_freq_scale_swa, c->rope_freq_swa, I->n_rot);
+        if (b->pos[r] > c->kv_hi[b->slot[r]]) c->kv_hi[b->slot[r]] = b->pos[r];
     }
 
     /* With whole rows per thread and every row on its own slot (a decode
@@ -523,7 +644,8 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
      * then it quantizes its rows for the output projection. */
     const int attn_nth = nth > 1 && n * I->n_head >= 2 ? nth : 1;
     const int attn_rows = n >= 2 * attn_nth;
-    const float *residual = NULL;  /* a projection output not yet added to x: the next norm adds it */
+    float *residual = NULL;        /* a projection output not yet added to x: the next norm adds it */
+    const float *residual_norm = NULL; /* and the post-norm it takes first (gemma), or NULL */
     for (int l = 0; l < I->n_layer; l++) {
         const cb_layer *L = &m->layers[l];
         if (c->skip_layer && c->skip_layer[l]) {  /* residual passes through unchanged */
@@ -532,7 +654,7 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         }
         t.layer = l;
         /* attention */
-        t.norm_w = L->attn_norm; t.in = c->x; t.add = residual; t.out = c->xb;
+        t.norm_w = L->attn_norm; t.in = c->x; t.add = residual; t.add_norm_w = residual_norm; t.out = c->xb;
         t.q_out = cb_type_wants_q8(L->wq.type) ? c->act_q : NULL;
         { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         {
@@ -551,7 +673,7 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
             matmul_q(c, &wo, 1, c->xb, t.q_out, n, &c->tmp);
         }
         /* feed-forward */
-        t.norm_w = L->ffn_norm; t.in = c->x; t.add = c->tmp; t.out = c->xb;
+        t.norm_w = L->ffn_norm; t.in = c->x; t.add = c->tmp; t.add_norm_w = L->attn_post_norm; t.out = c->xb;
         t.q_out = !m->cfg.moe && cb_type_wants_q8(L->w_gate.type) ? c->act_q : NULL;
         { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         if (m->cfg.moe) {
@@ -567,7 +689,13 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
             matmul_q(c, &wd, 1, c->hb, t.q_out, n, &c->tmp);
         }
         residual = c->tmp;
+        residual_norm = L->ffn_post_norm;
     }
+    if (residual && residual_norm)
+        for (int r = 0; r < n; r++) {
+            float *a = residual + (size_t)r * D;
+            c->k->rmsnorm(a, residual_norm, a, D, I->norm_eps);
+        }
     if (residual) add_rows(c->x, residual, (size_t)n * D);
 
     /* LM head over the rows that want logits, gathered in logit_row order */
@@ -582,6 +710,7 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         double th = now_ms();
         cb_matmul_argmax(c->pool, c->k, &m->output, c->xl, n_out, c->logits, c->mm_scratch,
                          c->head_pmax, c->head_pidx, c->head_max, c->head_idx);
+        if (m->final_softcap > 0) softcap_logits(c, n_out);
         c->t_lm_head += now_ms() - th;
     }
     c->n_forward++;

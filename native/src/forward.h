@@ -24,8 +24,25 @@ typedef struct {
     int n_batch;                  /* max rows per forward */
     int n_logits;                 /* max rows that produce logits per forward */
     int kv_dim;                   /* n_head_kv * head_dim */
-    /* KV cache: [n_layer][n_slots][n_head_kv][n_ctx][head_dim] of f16 (kv_f16) or f32 */
+    /* KV cache: per layer [n_slots][n_head_kv][kv_rows[layer]][head_dim] of f16 (kv_f16)
+     * or f32, layer l starting kv_off[l] rows in.  A global layer holds every
+     * position (kv_rows = n_ctx, row = position).  A local (sliding-window)
+     * layer keeps a ring of kv_ring rows, position p in row p % kv_ring, and
+     * rows [0, n_swa - 1) mirrored after the ring, so that any window of
+     * n_swa positions is one contiguous run of rows (kv_rows = kv_ring +
+     * n_swa - 1).  kv_ring = n_swa + n_batch - 1: a forward stores at most
+     * n_batch rows of a slot before its attention reads back n_swa - 1
+     * positions, so nothing a row reads is overwritten in its own forward,
+     * nor by drafts that were rejected.  kv_ring = 0: no ring (no local
+     * layers, or n_ctx no larger than the ring would be). */
     void  *k_cache, *v_cache;
+    size_t *kv_off;               /* [n_layer] first row of each layer */
+    int   *kv_rows;               /* [n_layer] rows per (slot, KV head) */
+    int    kv_ring;               /* ring length of the local layers (0: none) */
+    int   *kv_hi;                 /* [n_slots] highest position stored in the rings since the
+                                     slot was last emptied (-1: none): position q < n_past is
+                                     still held iff q > kv_hi - kv_ring (see cb_kv_usable) */
+    size_t kv_bytes;              /* K + V cache bytes */
     int    kv_f16;                /* 1: f16 elements (half the memory and attention reads) */
     size_t kv_elt;                /* bytes per element: 2 or 4 */
     /* activations, row-major [n_batch x dim] */
@@ -37,6 +54,8 @@ typedef struct {
     float *tmp;                   /* projection output          [n_batch x n_embd] */
     float *rope;                  /* cos/sin per row            [n_batch x n_rot] (cos, sin interleaved) */
     double *rope_freq;            /* base^(-2i / n_rot)         [n_rot / 2] */
+    float *rope_swa;              /* the same for the local layers' base and scale (NULL: none) */
+    double *rope_freq_swa;
     float *scores;                /* attention scores per thread [n_threads x GQA group x n_ctx] */
     float *xl;                    /* rows gathered for the head [n_logits x n_embd] */
     float *logits;                /* output                     [n_logits x n_vocab] */
@@ -89,8 +108,19 @@ void cb_ctx_free(cb_ctx *ctx);
 
 void cb_forward(cb_ctx *ctx, const cb_batch *batch);
 
-/* Copy positions [0, n) of every layer's KV from slot src to slot dst. */
+/* Copy positions [0, n) of every layer's KV from slot src to slot dst
+ * (check cb_kv_usable(ctx, src, n) first). */
 void cb_kv_copy(cb_ctx *ctx, int dst, int src, int n);
+
+/* How many of a slot's first n positions can be kept to continue the
+ * sequence at position n: n when the local layers' rings still hold the
+ * window before position n (always, without rings), else 0 (the ring has
+ * moved past it: prefill again from the start). */
+int  cb_kv_usable(const cb_ctx *ctx, int slot, int n);
+
+/* The slot's history is cut to its first n positions (n from cb_kv_usable);
+ * n == 0 empties it, which forgets what the rings held. */
+void cb_kv_keep(cb_ctx *ctx, int slot, int n);
 
 /* --- expert statistics (MoE models; the engine exposes these) --- */
 

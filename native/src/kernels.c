@@ -489,6 +489,14 @@ void cb_swiglu_generic(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void cb_geglu_generic(float *g, const float *u, int64_t n) {
+    const float k = 0.79788456080286535588f, a = 0.044715f;  /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(k * x * (1.0f + a * x * x))) * u[i];
+    }
+}
+
 void cb_argmax_generic(const float *x, int64_t n, int64_t base, float *max, int64_t *idx) {
     float m = *max;
     int64_t at = -1;

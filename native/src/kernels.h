@@ -199,6 +199,9 @@ typedef struct {
 /* The scalar rmsnorm, swiglu and rope (also AVX2's). */
 void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps);
 void cb_swiglu_generic(float *g, const float *u, int64_t n);
+/* g = gelu(g) * u over n floats, GELU in its tanh form (gemma's GEGLU):
+ * gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void cb_geglu_generic(float *g, const float *u, int64_t n);
 void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox);
 void cb_argmax_generic(const float *x, int64_t n, int64_t base, float *max, int64_t *idx);
 

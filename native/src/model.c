@@ -30,10 +30,11 @@ typedef struct {
     int         moe_opt;  /* 1: experts if <arch>.expert_count > 0 (llama: Mixtral) */
 } cb_arch;
 
-/*                 rope_neox qkv_bias qk_norm moe norm_topk shexp   moe_opt
+/*                 rope_neox qkv_bias qk_norm moe norm_topk shexp gemma   moe_opt
  * Conventions as llama.cpp's llama-model.cpp: Mixtral is "llama" with
  * experts and renormalised top-k; qwen3moe renormalises, olmoe and qwen2moe
- * do not; olmoe normalises the whole q / k projection. */
+ * do not; olmoe normalises the whole q / k projection; gemma3 normalises q
+ * and k per head and has the gemma block (model.h). */
 static const cb_arch ARCHES[] = {
     { "llama",    { 0, 0, 0, 0, 1, 0 }, 1 },
     { "qwen2",    { 1, 1, 0, 0, 0, 0 }, 0 },
@@ -41,8 +42,9 @@ static const cb_arch ARCHES[] = {
     { "qwen3moe", { 1, 0, 1, 1, 1, 0 }, 0 },
     { "olmoe",    { 1, 0, 2, 1, 0, 0 }, 0 },
     { "qwen2moe", { 1, 1, 0, 1, 0, 1 }, 0 },
+    { "gemma3",   { 1, 0, 1, 0, 0, 0, 1 }, 0 },
 };
-#define ARCH_NAMES "llama, qwen2, qwen3, qwen3moe, olmoe, qwen2moe"
+#define ARCH_NAMES "llama, qwen2, qwen3, qwen3moe, olmoe, qwen2moe, gemma3"
 
 static const cb_arch *arch_find(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof(ARCHES) / sizeof(ARCHES[0]); i++)
@@ -318,16 +320,14 @@ cb_model_params cb_model_default_params(void) {
     return p;
 }
 
-static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *err, size_t err_len) {
+/* Feed-forward widths and, for mixture-of-experts models, the experts. */
+static int read_ffn_hparams(cb_model *m, const cb_arch *arch, const char *an, char *err, size_t err_len) {
     const cb_gguf *g = &m->gguf;
     cb_model_info *I = &m->info;
+    const int64_t BIG = 1 << 20;
     int64_t v;
     int rc;
-    const int64_t BIG = 1 << 20;
-    if ((rc = hp_int(g, an, "embedding_length", 1, 1, BIG, &v, err, err_len))) return rc;
-    I->n_embd = (int)v;
     /* Experts: required by the MoE families, optional for llama (Mixtral). */
-    m->cfg = arch->cfg;
     rc = hp_int(g, an, "expert_count", 0, 0, 4096, &v, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) v = 0; else if (rc) return rc;
     m->n_expert = (int)v;
@@ -363,6 +363,15 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
     m->n_ff_max = I->n_ff;
     if (m->n_ff_exp > m->n_ff_max) m->n_ff_max = m->n_ff_exp;
     if (m->n_ff_shexp > m->n_ff_max) m->n_ff_max = m->n_ff_shexp;
+    return CB_OK;
+}
+
+/* Blocks, heads, head size and training context. */
+static int read_attn_hparams(cb_model *m, const char *an, char *err, size_t err_len) {
+    const cb_gguf *g = &m->gguf;
+    cb_model_info *I = &m->info;
+    int64_t v;
+    int rc;
     if ((rc = hp_int(g, an, "block_count", 1, 1, 4096, &v, err, err_len))) return rc;
     I->n_layer = (int)v;
     if ((rc = hp_int(g, an, "attention.head_count", 1, 1, 4096, &v, err, err_len))) return rc;
@@ -377,8 +386,8 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
         set_err(err, err_len, "head_count %d is not a multiple of head_count_kv %d", I->n_head, I->n_head_kv);
         return CB_ERR_FORMAT;
     }
-    /* Head size: attention.key_length when given (qwen3: q_dim may differ
-     * from n_embd), else n_embd / n_head. */
+    /* Head size: attention.key_length when given (qwen3, gemma3: q_dim may
+     * differ from n_embd), else n_embd / n_head. */
     rc = hp_int(g, an, "attention.key_length", 0, 2, 4096, &v, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) {
         if (I->n_embd % I->n_head) {
@@ -402,6 +411,20 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
         set_err(err, err_len, "head dimension %d is larger than the %d supported", I->head_dim, CB_MAX_HEAD_DIM);
         return CB_ERR_UNSUPPORTED;
     }
+    m->attn_scale = 1.0f / sqrtf((float)I->head_dim);
+    double d;
+    if ((rc = hp_float(g, an, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &d, err, err_len))) return rc;
+    I->norm_eps = (float)d;
+    return CB_OK;
+}
+
+/* RoPE: rotated dimensions, base and linear scaling (others change the
+ * math and are refused). */
+static int read_rope_hparams(cb_model *m, const cb_arch *arch, const char *an, char *err, size_t err_len) {
+    const cb_gguf *g = &m->gguf;
+    cb_model_info *I = &m->info;
+    int64_t v;
+    int rc;
     rc = hp_int(g, an, "rope.dimension_count", 0, 2, I->head_dim, &v, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) v = I->head_dim; else if (rc) return rc;
     if (v % 2) { set_err(err, err_len, "rope.dimension_count %lld is odd", (long long)v); return CB_ERR_FORMAT; }
@@ -410,9 +433,6 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
     double d;
     if ((rc = hp_float(g, an, "rope.freq_base", 10000.0, 1e-3, 1e12, &d, err, err_len))) return rc;
     I->rope_freq_base = (float)d;
-    if ((rc = hp_float(g, an, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &d, err, err_len))) return rc;
-    I->norm_eps = (float)d;
-    /* RoPE scaling: linear only (others change the math and are refused). */
     I->rope_freq_scale = 1.0f;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", an);
@@ -428,19 +448,148 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
         if (factor == 0) { if ((rc = hp_float(g, an, "rope.scale_linear", 0.0, 0.0, 1e6, &factor, err, err_len))) return rc; }
         if (factor > 0) I->rope_freq_scale = (float)(1.0 / factor);
     }
+    return CB_OK;
+}
 
-    /* vocabulary size: metadata, else the tokens array, else the embedding */
+/* The gemma block's hyperparameters, as llama.cpp's loader sets them for
+ * gemma3 (llama-model.cpp): with attention.sliding_window > 0, every layer
+ * but each 6th (il % 6 < 5) is local, and local layers rotate with base
+ * 10000 and no scaling whatever the file says (the global layers take
+ * rope.freq_base and the scaling); queries are scaled by 1/sqrt(key_length),
+ * except for the 27B model (62 blocks), which uses 1/sqrt(n_embd / n_head);
+ * embeddings are multiplied by sqrt(n_embd).  llama.cpp's converter stores
+ * gemma's RMSNorm weights as (1 + w), so the norms here are plain ones. */
+static int read_gemma_hparams(cb_model *m, const char *an, char *err, size_t err_len) {
+    const cb_gguf *g = &m->gguf;
+    cb_model_info *I = &m->info;
+    int64_t v;
+    int rc;
+    rc = hp_int(g, an, "attention.sliding_window", 0, 0, 1 << 24, &v, err, err_len);
+    if (rc == CB_ERR_NOT_FOUND) v = 0; else if (rc) return rc;
+    m->n_swa = (int)v;
+    I->n_swa = m->n_swa;
+    m->rope_freq_base_swa = 10000.0f;
+    m->rope_freq_scale_swa = 1.0f;
+    m->embd_scale = sqrtf((float)I->n_embd);
+    if (I->n_layer == 62) m->attn_scale = 1.0f / sqrtf((float)(I->n_embd / I->n_head));
+    double d;
+    if ((rc = hp_float(g, an, "final_logit_softcapping", 0.0, 0.0, 1e6, &d, err, err_len))) return rc;
+    m->final_softcap = (float)d;
+    return CB_OK;
+}
+
+/* Vocabulary size: metadata, else the tokens array, else the embedding. */
+static int read_vocab_size(cb_model *m, const char *an, char *err, size_t err_len) {
+    const cb_gguf *g = &m->gguf;
+    int64_t v;
     const cb_gguf_tensor *te = cb_gguf_find_tensor(g, "token_embd.weight");
     if (!te) { set_err(err, err_len, "missing tensor 'token_embd.weight'"); return CB_ERR_FORMAT; }
-    rc = hp_int(g, an, "vocab_size", 0, 1, 1 << 24, &v, err, err_len);
+    int rc = hp_int(g, an, "vocab_size", 0, 1, 1 << 24, &v, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) {
         int64_t ki = cb_gguf_find_key(g, "tokenizer.ggml.tokens");
         v = ki >= 0 && g->kv[ki].type == GGUF_T_ARR ? (int64_t)g->kv[ki].arr_len : te->ne[1];
     } else if (rc) return rc;
     if (v < 1 || v > (1 << 24)) { set_err(err, err_len, "vocabulary size %lld is out of range", (long long)v); return CB_ERR_FORMAT; }
-    I->n_vocab = (int)v;
+    m->info.n_vocab = (int)v;
+    return CB_OK;
+}
 
-    int64_t qdim = (int64_t)I->n_head * I->head_dim, kvdim = (int64_t)I->n_head_kv * I->head_dim;
+/* The shared expert (qwen2moe): three matrices and a scalar gate that
+ * llama.cpp stores as a [n_embd] or [n_embd, 1] tensor. */
+static int load_shared_expert(cb_model *m, int l, char *err, size_t err_len) {
+    cb_layer *L = &m->layers[l];
+    const int64_t D = m->info.n_embd, F = m->n_ff_shexp;
+    char name[96];
+    int rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", l);
+    if ((rc = get_weight(m, name, D, F, 1, &L->gate_shexp, err, err_len))) return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_up_shexp.weight", l);
+    if ((rc = get_weight(m, name, D, F, 1, &L->up_shexp, err, err_len))) return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_down_shexp.weight", l);
+    if ((rc = get_weight(m, name, F, D, 1, &L->down_shexp, err, err_len))) return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
+    const cb_gguf_tensor *gt = cb_gguf_find_tensor(&m->gguf, name);
+    if (!gt) { set_err(err, err_len, "missing tensor '%s'", name); return CB_ERR_FORMAT; }
+    if (gt->n_dims == 2 && gt->ne[1] == 1 && gt->ne[0] == D) {
+        cb_weight gw;
+        if ((rc = get_weight(m, name, D, 1, 1, &gw, err, err_len))) return rc;
+        L->gate_inp_shexp = malloc((size_t)D * sizeof(float));
+        if (!L->gate_inp_shexp) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
+        cb_weight_row_f32(&gw, 0, L->gate_inp_shexp);
+        return CB_OK;
+    }
+    return get_norm(m, name, D, &L->gate_inp_shexp, err, err_len);
+}
+
+/* Block l's weights, checked against the hyperparameters. */
+static int load_layer(cb_model *m, int l, char *err, size_t err_len) {
+    const cb_model_info *I = &m->info;
+    cb_layer *L = &m->layers[l];
+    const int64_t qdim = (int64_t)I->n_head * I->head_dim, kvdim = (int64_t)I->n_head_kv * I->head_dim;
+    char name[96];
+    int rc;
+#define W(field, suffix, nin, nout) \
+    snprintf(name, sizeof name, "blk.%d." suffix ".weight", l); \
+    if ((rc = get_weight(m, name, nin, nout, 1, &L->field, err, err_len))) return rc;
+#define V(field, suffix, n) \
+    snprintf(name, sizeof name, "blk.%d." suffix, l); \
+    if ((rc = get_vec(m, name, n, 1, &L->field, err, err_len))) return rc;
+    W(wq, "attn_q", I->n_embd, qdim)
+    W(wk, "attn_k", I->n_embd, kvdim)
+    W(wv, "attn_v", I->n_embd, kvdim)
+    W(wo, "attn_output", qdim, I->n_embd)
+    if (m->cfg.qkv_bias) {
+        V(bq, "attn_q.bias", qdim)
+        V(bk, "attn_k.bias", kvdim)
+        V(bv, "attn_v.bias", kvdim)
+    }
+    if (m->cfg.qk_norm) {
+        const int whole = m->cfg.qk_norm == 2;
+        V(q_norm, "attn_q_norm.weight", whole ? qdim : I->head_dim)
+        V(k_norm, "attn_k_norm.weight", whole ? kvdim : I->head_dim)
+    }
+    if (m->cfg.gemma) {
+        V(attn_post_norm, "post_attention_norm.weight", I->n_embd)
+        V(ffn_post_norm, "post_ffw_norm.weight", I->n_embd)
+        L->swa = m->n_swa > 0 && l % 6 < 5;
+    }
+    if (!m->cfg.moe) {
+        W(w_gate, "ffn_gate", I->n_embd, I->n_ff)
+        W(w_up, "ffn_up", I->n_embd, I->n_ff)
+        W(w_down, "ffn_down", I->n_ff, I->n_embd)
+    } else {
+        W(gate_inp, "ffn_gate_inp", I->n_embd, m->n_expert)
+#define X(field, suffix, nin, nout) \
+        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l); \
+        if ((rc = get_experts(m, name, nin, nout, m->n_expert, &L->field, err, err_len))) return rc;
+        X(gate_exps, "ffn_gate_exps", I->n_embd, m->n_ff_exp)
+        X(up_exps, "ffn_up_exps", I->n_embd, m->n_ff_exp)
+        X(down_exps, "ffn_down_exps", m->n_ff_exp, I->n_embd)
+#undef X
+        if (m->cfg.shared_expert && (rc = load_shared_expert(m, l, err, err_len))) return rc;
+    }
+    V(attn_norm, "attn_norm.weight", I->n_embd)
+    V(ffn_norm, "ffn_norm.weight", I->n_embd)
+#undef V
+#undef W
+    return CB_OK;
+}
+
+/* The llama-family model: hyperparameters, then every weight. */
+static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *err, size_t err_len) {
+    cb_model_info *I = &m->info;
+    int64_t v;
+    int rc;
+    if ((rc = hp_int(&m->gguf, an, "embedding_length", 1, 1, 1 << 20, &v, err, err_len))) return rc;
+    I->n_embd = (int)v;
+    m->cfg = arch->cfg;
+    m->embd_scale = 1.0f;
+    if ((rc = read_ffn_hparams(m, arch, an, err, err_len))) return rc;
+    if ((rc = read_attn_hparams(m, an, err, err_len))) return rc;
+    if ((rc = read_rope_hparams(m, arch, an, err, err_len))) return rc;
+    if (m->cfg.gemma && (rc = read_gemma_hparams(m, an, err, err_len))) return rc;
+    if ((rc = read_vocab_size(m, an, err, err_len))) return rc;
+
     if ((rc = get_weight(m, "token_embd.weight", I->n_embd, I->n_vocab, 1, &m->tok_embd, err, err_len))) return rc;
     rc = get_weight(m, "output.weight", I->n_embd, I->n_vocab, 0, &m->output, err, err_len);
     if (rc == CB_ERR_NOT_FOUND) { m->output = m->tok_embd; I->tied_output = 1; }
@@ -448,66 +597,8 @@ static int build_llama(cb_model *m, const cb_arch *arch, const char *an, char *e
     if ((rc = get_norm(m, "output_norm.weight", I->n_embd, &m->output_norm, err, err_len))) return rc;
     m->layers = calloc((size_t)I->n_layer, sizeof(cb_layer));
     if (!m->layers) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
-    for (int l = 0; l < I->n_layer; l++) {
-        cb_layer *L = &m->layers[l];
-        char name[96];
-#define W(field, suffix, nin, nout) \
-        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l); \
-        if ((rc = get_weight(m, name, nin, nout, 1, &L->field, err, err_len))) return rc;
-#define V(field, suffix, n) \
-        snprintf(name, sizeof name, "blk.%d." suffix, l); \
-        if ((rc = get_vec(m, name, n, 1, &L->field, err, err_len))) return rc;
-        W(wq, "attn_q", I->n_embd, qdim)
-        W(wk, "attn_k", I->n_embd, kvdim)
-        W(wv, "attn_v", I->n_embd, kvdim)
-        W(wo, "attn_output", qdim, I->n_embd)
-        if (m->cfg.qkv_bias) {
-            V(bq, "attn_q.bias", qdim)
-            V(bk, "attn_k.bias", kvdim)
-            V(bv, "attn_v.bias", kvdim)
-        }
-        if (m->cfg.qk_norm) {
-            int whole = m->cfg.qk_norm == 2;
-            V(q_norm, "attn_q_norm.weight", whole ? qdim : I->head_dim)
-            V(k_norm, "attn_k_norm.weight", whole ? kvdim : I->head_dim)
-        }
-        if (!m->cfg.moe) {
-            W(w_gate, "ffn_gate", I->n_embd, I->n_ff)
-            W(w_up, "ffn_up", I->n_embd, I->n_ff)
-            W(w_down, "ffn_down", I->n_ff, I->n_embd)
-        } else {
-            W(gate_inp, "ffn_gate_inp", I->n_embd, m->n_expert)
-#define X(field, suffix, nin, nout) \
-            snprintf(name, sizeof name, "blk.%d." suffix ".weight", l); \
-            if ((rc = get_experts(m, name, nin, nout, m->n_expert, &L->field, err, err_len))) return rc;
-            X(gate_exps, "ffn_gate_exps", I->n_embd, m->n_ff_exp)
-            X(up_exps, "ffn_up_exps", I->n_embd, m->n_ff_exp)
-            X(down_exps, "ffn_down_exps", m->n_ff_exp, I->n_embd)
-#undef X
-            if (m->cfg.shared_expert) {
-                W(gate_shexp, "ffn_gate_shexp", I->n_embd, m->n_ff_shexp)
-                W(up_shexp, "ffn_up_shexp", I->n_embd, m->n_ff_shexp)
-                W(down_shexp, "ffn_down_shexp", m->n_ff_shexp, I->n_embd)
-                /* llama.cpp stores the shared gate as a [n_embd] (or [n_embd, 1]) tensor */
-                snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
-                const cb_gguf_tensor *gt = cb_gguf_find_tensor(g, name);
-                if (!gt) { set_err(err, err_len, "missing tensor '%s'", name); return CB_ERR_FORMAT; }
-                if (gt->n_dims == 2 && gt->ne[1] == 1 && gt->ne[0] == I->n_embd) {
-                    cb_weight gw;
-                    if ((rc = get_weight(m, name, I->n_embd, 1, 1, &gw, err, err_len))) return rc;
-                    L->gate_inp_shexp = malloc((size_t)I->n_embd * sizeof(float));
-                    if (!L->gate_inp_shexp) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
-                    cb_weight_row_f32(&gw, 0, L->gate_inp_shexp);
-                } else if ((rc = get_norm(m, name, I->n_embd, &L->gate_inp_shexp, err, err_len))) return rc;
-            }
-        }
-#undef V
-#undef W
-        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((rc = get_norm(m, name, I->n_embd, &L->attn_norm, err, err_len))) return rc;
-        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((rc = get_norm(m, name, I->n_embd, &L->ffn_norm, err, err_len))) return rc;
-    }
+    for (int l = 0; l < I->n_layer; l++)
+        if ((rc = load_layer(m, l, err, err_len))) return rc;
     return CB_OK;
 }
 
@@ -637,6 +728,7 @@ void cb_model_free(cb_model *m) {
             cb_layer *L = &m->layers[l];
             free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv);
             free(L->q_norm); free(L->k_norm); free(L->gate_inp_shexp);
+            free(L->attn_post_norm); free(L->ffn_post_norm);
         }
         free(m->layers);
     }

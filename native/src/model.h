@@ -21,6 +21,10 @@ typedef struct {
     int moe_norm_topk; /* 1: the top-k softmax weights are renormalised to sum to 1 */
     int shared_expert; /* 1: an always-on shared expert ffn_*_shexp gated by
                           sigmoid(ffn_gate_inp_shexp . h) (qwen2moe) */
+    int gemma;         /* 1: the gemma block (gemma3): embeddings scaled by sqrt(n_embd),
+                          RMSNorm of the attention and FFN outputs before the residual add
+                          (post_attention_norm, post_ffw_norm), GELU-tanh gated FFN, and,
+                          when the file gives a sliding window, local layers (see cb_model) */
 } cb_arch_cfg;
 
 /* One transformer block's weights (all views into the mapping, except the
@@ -35,6 +39,10 @@ typedef struct {
     float    *bq, *bk, *bv;/* [q_dim], [kv_dim], [kv_dim] owned; NULL unless cfg.qkv_bias */
     float    *q_norm;      /* owned; [head_dim] (qk_norm 1) or [q_dim] (qk_norm 2); NULL if none */
     float    *k_norm;      /* owned; [head_dim] (qk_norm 1) or [kv_dim] (qk_norm 2); NULL if none */
+    float    *attn_post_norm; /* owned; [n_embd]: RMSNorm of the attention output (gemma); NULL if none */
+    float    *ffn_post_norm;  /* owned; [n_embd]: RMSNorm of the FFN output (gemma); NULL if none */
+    int       swa;         /* 1: a local layer: attends to the last n_swa positions only,
+                              RoPE with the local base (gemma3: every layer but each 6th) */
     /* dense FFN (cfg.moe == 0) */
     cb_weight w_gate;      /* [n_ff x n_embd] */
     cb_weight w_up;        /* [n_ff x n_embd] */
@@ -67,6 +75,13 @@ struct cb_model {
     int            n_ff_shexp;   /* hidden size of the shared expert (0: none) */
     int            n_ff_max;     /* max(n_ff, n_ff_exp, n_ff_shexp): FFN scratch width */
     float          expert_weights_scale; /* multiplies the routing weights (1 = off) */
+    float          attn_scale;   /* attention scores' scale: 1/sqrt(head_dim) (gemma3 27B:
+                                    1/sqrt(n_embd / n_head), as llama.cpp) */
+    float          embd_scale;   /* token embeddings are multiplied by it (gemma: sqrt(n_embd)); 1 = off */
+    float          final_softcap;/* logits = c * tanh(logits / c) when > 0 (0 = off) */
+    int            n_swa;        /* sliding window of the local layers in positions (0: none) */
+    float          rope_freq_base_swa;  /* RoPE of the local layers (gemma3: 10000, scale 1) */
+    float          rope_freq_scale_swa;
     /* vocabulary: token i's bytes are tok_bytes[tok_off[i] .. tok_off[i+1]) */
     uint8_t       *tok_bytes;    /* owned */
     uint32_t      *tok_off;      /* [n_vocab + 1] owned */

@@ -130,6 +130,8 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         const int32_t *have = d->tokens + (size_t)J->slot * n_ctx;
         int lcp = 0, lim = d->n_past[J->slot] < J->n_hist - 1 ? d->n_past[J->slot] : J->n_hist - 1;
         while (lcp < lim && have[lcp] == J->hist[lcp]) lcp++;
+        lcp = cb_kv_usable(&d->ctx, J->slot, lcp);  /* a sliding window's ring may have moved on */
+        cb_kv_keep(&d->ctx, J->slot, lcp);
         d->n_past[J->slot] = lcp;
         next[j] = lcp;
     }

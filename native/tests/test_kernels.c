@@ -521,6 +521,18 @@ static void test_norm_swiglu(const cb_kernels *k) {
             if (fabs(o[i] - ref) > 2e-6 * fabs(ref) + 1e-30 && fabs(o[i] - ref) > 1e-30) bad++;
         }
         CHECK_MSG(bad == 0, "%s swiglu n=%d: %d wrong", cb_simd_name(k->simd), n, bad);
+
+        /* GEGLU (gelu-tanh gate, one generic kernel for every level) */
+        memcpy(o, g, sizeof(float) * n);
+        cb_geglu_generic(o, u, n);
+        bad = 0;
+        for (int i = 0; i < n; i++) {
+            const double x = g[i];
+            const double ref = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * u[i];
+            /* 1 + tanh cancels for negative x: f32 keeps |x u| * 2^-24-ish absolutely */
+            if (fabs(o[i] - ref) > 4e-6 * fabs(ref) + 1e-6 * fabs(x * u[i])) bad++;
+        }
+        CHECK_MSG(bad == 0, "geglu n=%d: %d wrong", n, bad);
     }
     free(x); free(w); free(o); free(g); free(u);
 }
