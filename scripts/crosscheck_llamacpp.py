@@ -39,6 +39,8 @@ CONFIGS = [
     ("olmoe", "F32", dict(tied=False, n_head_kv=4)), ("qwen2moe", "F32", dict(tied=False)), ("mixtral", "F32", {}),
     ("llama", "Q4_K", K256), ("llama", "Q5_K", K256), ("llama", "Q6_K", K256),
     ("qwen3moe", "Q4_K", K256),
+    # 7 layers (0-4, 6 local with a window of 8, 5 global): 8 prompt + 16 greedy tokens pass the window
+    ("gemma3", "F32", {}), ("gemma3", "Q8_0", {}), ("gemma3", "F32", dict(n_swa=4, n_layer=12)),
 ]
 
 
