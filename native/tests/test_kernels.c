@@ -147,7 +147,7 @@ static void test_type_table(void) {
     CHECK(strcmp(cb_type_name(CB_TYPE_Q4_1), "q4_1") == 0);
     CHECK(strcmp(cb_type_name(CB_TYPE_BF16), "bf16") == 0);
     CHECK(strcmp(cb_type_name(99), "unknown") == 0);
-    CHECK(cb_type_supported(CB_TYPE_Q8_0) && !cb_type_supported(6));
+    CHECK(cb_type_supported(CB_TYPE_Q8_0) && cb_type_supported(6) && !cb_type_supported(23));  /* Q5_0 yes, IQ4_XS no */
     CHECK(sizeof(cb_block_q4_0) == 18 && sizeof(cb_block_q4_1) == 20 && sizeof(cb_block_q8_0) == 34);
     CHECK(sizeof(cb_block_q8) == 40);
 }
