@@ -1072,6 +1072,19 @@ int cb_engine_slot_clear(cb_engine *e, int slot) {
     return CB_OK;
 }
 
+/* A direct forward continues slot `slot` at pos: its history is cut there,
+ * which a sliding window's ring allows only while it still holds the
+ * window before pos (cb_kv_usable). */
+static int restart_at(cb_engine *e, int slot, int pos, char *err, size_t err_len) {
+    if (cb_kv_usable(&e->ctx, slot, pos) != pos) {
+        set_err(err, err_len, "the sliding window before pos %d is no longer in the KV cache; run from pos 0", pos);
+        return CB_ERR_ARG;
+    }
+    e->slots[slot].n_past = pos;
+    cb_kv_keep(&e->ctx, slot, pos);
+    return CB_OK;
+}
+
 int cb_engine_forward(cb_engine *e, int slot, const int32_t *tokens, int n, int pos,
                       float *logits_out, char *err, size_t err_len) {
     if (err && err_len) err[0] = 0;
@@ -1085,12 +1098,8 @@ int cb_engine_forward(cb_engine *e, int slot, const int32_t *tokens, int n, int 
     int n_vocab = e->model->info.n_vocab;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= n_vocab) { set_err(err, err_len, "token %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab); return CB_ERR_ARG; }
-    if (cb_kv_usable(&e->ctx, slot, pos) != pos) {
-        set_err(err, err_len, "the sliding window before pos %d is no longer in the KV cache; run from pos 0", pos);
-        return CB_ERR_ARG;
-    }
-    sl->n_past = pos;
-    cb_kv_keep(&e->ctx, slot, pos);
+    int rc = restart_at(e, slot, pos, err, err_len);
+    if (rc) return rc;
     for (int done = 0; done < n;) {
         int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
         for (int j = 0; j < chunk; j++) {
@@ -1124,7 +1133,8 @@ int cb_engine_forward_argmax(cb_engine *e, int slot, const int32_t *tokens, int 
         if (tokens[i] < 0 || tokens[i] >= n_vocab) { set_err(err, err_len, "token %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab); return CB_ERR_ARG; }
     for (int l = 0; l < n_layer; l++) kept += !(skip && skip[l]);
     if (kept == 0) { set_err(err, err_len, "cannot skip every layer"); return CB_ERR_ARG; }
-    sl->n_past = pos;
+    int rc = restart_at(e, slot, pos, err, err_len);
+    if (rc) return rc;
     e->ctx.skip_layer = skip;
     for (int done = 0; done < n;) {
         int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
