@@ -151,3 +151,40 @@ def test_error_shapes():
     assert e.anthropic() == {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
     assert C.ApiError(503, "x").anthropic()["error"]["type"] == "overloaded_error"
     json.dumps(C.ApiError(400, "x", param="p", code="c").openai())
+
+
+def test_metrics_vllm_names_and_types():
+    """The series tools that read vLLM's /metrics look for, with vLLM's types."""
+    m = Metrics()
+    m.record({"prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 3, "ttft_ms": 50, "e2e_ms": 80,
+              "draft_n": 6, "draft_accepted": 4, "draft_steps": 2, "draft_accepted_by_pos": [2, 2],
+              "finish_reason": "stop"}, gaps=[0.01, 0.02])
+    text = m.render(1, 0, "m", n_slots=4, conns={"open": 3, "evicted_idle": 1, "evicted_slow": 0, "refused": 0})
+    types = dict(ln.split()[2:4] for ln in text.splitlines() if ln.startswith("# TYPE "))
+    want = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+            "vllm:kv_cache_usage_perc": "gauge",
+            "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+            "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
+            "vllm:request_prefill_time_seconds": "histogram", "vllm:request_decode_time_seconds": "histogram",
+            "vllm:request_prompt_tokens": "histogram", "vllm:request_generation_tokens": "histogram",
+            "vllm:prompt_tokens_total": "counter", "vllm:generation_tokens_total": "counter",
+            "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
+            "vllm:request_success_total": "counter", "vllm:spec_decode_num_drafts_total": "counter",
+            "vllm:spec_decode_num_draft_tokens_total": "counter",
+            "vllm:spec_decode_num_accepted_tokens_total": "counter",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total": "counter",
+            "colibri:connections_open": "gauge", "colibri:connections_evicted_idle_total": "counter"}
+    for name, kind in want.items():
+        assert types.get(name) == kind, (name, types.get(name))
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2' in text
+    assert 'vllm:spec_decode_num_drafts_total{model_name="m"} 2' in text
+    assert 'vllm:request_generation_tokens_count{model_name="m"} 1' in text
+    # every sample line belongs to a declared family
+    fams = set(types)
+    for ln in text.splitlines():
+        if ln and not ln.startswith("#"):
+            name = ln.split("{")[0].split(" ")[0]
+            base = name[:-len("_bucket")] if name.endswith("_bucket") else name
+            base = base[:-len("_sum")] if base.endswith("_sum") else base
+            base = base[:-len("_count")] if base.endswith("_count") else base
+            assert name in fams or base in fams, ln
