@@ -11,6 +11,7 @@ raises QueueFullError at once instead of letting latency grow without limit.
 from __future__ import annotations
 
 import collections
+import math
 import queue
 import threading
 import time
@@ -181,10 +182,10 @@ class Scheduler:
         rate measured over the last minute (1 s when nothing finished yet)."""
         now = time.perf_counter()
         times = [t for t in self._done_times if now - t <= _DRAIN_WINDOW_S]
-        if len(times) < 2 or times[-1] <= times[0]:
+        if len(times) < 2:
             return 1
-        rate = (len(times) - 1) / max(times[-1] - times[0], now - times[-1], 1e-3)
-        return max(1, min(300, int(-(-ahead // rate))))
+        rate = len(times) / max(now - times[0], 1e-3)   # completions per second, idle time included
+        return max(1, min(300, math.ceil(ahead / rate)))
 
     @property
     def queue_depth(self) -> int:

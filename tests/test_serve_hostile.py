@@ -418,7 +418,7 @@ def test_conversion_worker_stopped_by_deadline_and_disconnect():
     pool = convert.Pool(size=1)
     try:
         with pytest.raises(convert.ConversionTimeout):
-            pool.run(schema, timeout_s=0.01)
+            pool.run(SLOW_SCHEMA, timeout_s=0.05)
         with pytest.raises(convert.ClientLeft):
             pool.run(schema, timeout_s=30, gone=lambda: True)
         assert pool.killed == 2 and pool.n == 0
@@ -432,10 +432,15 @@ def test_conversion_worker_stopped_by_deadline_and_disconnect():
         pool.close()
 
 
+# within the limits (16,400 values) but ~0.2-0.6 s to convert: past a 0.05 s deadline
+SLOW_SCHEMA = {"type": "object",
+               "properties": {f"p{i}": {"enum": [f"value-{i}-{j}" for j in range(1024)]} for i in range(16)}}
+
+
 def test_conversion_timeout_is_400(engine):
-    srv = Server(engine, port=0, model_id="smollm2", convert_timeout_s=0.001).start()
+    srv = Server(engine, port=0, model_id="smollm2", convert_timeout_s=0.05).start()
     try:
-        rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+        rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": SLOW_SCHEMA}}
         st, h, data = raw(srv, "POST", "/v1/chat/completions", {"model": "smollm2", "messages": MSG,
                                                                 "max_tokens": 2, "response_format": rf})
         assert_openai_error(st, h, data, 400, param_prefix="response_format", code="schema_too_complex")

@@ -188,3 +188,20 @@ def test_metrics_vllm_names_and_types():
             base = base[:-len("_sum")] if base.endswith("_sum") else base
             base = base[:-len("_count")] if base.endswith("_count") else base
             assert name in fams or base in fams, ln
+
+
+def test_retry_after_from_completion_rate():
+    """Retry-After = requests ahead / completions per second over the last minute."""
+    import collections
+    import time as _time
+    from types import SimpleNamespace
+
+    from colibri_lab.scheduler import Scheduler
+
+    now = _time.perf_counter()
+    fake = SimpleNamespace(_done_times=collections.deque(now - 19.9 + 2 * i for i in range(10)))  # ~0.5 / s
+    assert Scheduler._retry_after_locked(fake, 1) == 2
+    assert Scheduler._retry_after_locked(fake, 10) == 20
+    assert Scheduler._retry_after_locked(fake, 10_000) == 300          # capped
+    fake.old = SimpleNamespace(_done_times=collections.deque([now - 120, now - 100]))  # outside the window
+    assert Scheduler._retry_after_locked(fake.old, 5) == 1
