@@ -446,3 +446,17 @@ def test_conversion_timeout_is_400(engine):
         assert_openai_error(st, h, data, 400, param_prefix="response_format", code="schema_too_complex")
     finally:
         srv.stop()
+
+
+def test_junk_heads_get_status_lines(server):
+    """Random request heads (fixed seed): each gets a status line, and the server still serves."""
+    import random
+    rng = random.Random(18)
+    atoms = ["GET", "POST", " ", "/", "/health", "HTTP/1.1", "HTTP/9.9", "\r\n", ":", "Host: 127.0.0.1",
+             "Content-Length: ", "7", "Transfer-Encoding: ", "chunked", "\t", "\x7f", "x" * 50, "%00", "*"]
+    for _ in range(40):
+        head = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 12)))
+        resp = _req(server.port, head + "\r\n\r\n")
+        assert resp.startswith(b"HTTP/1.1 "), (head, resp[:100])
+        assert 200 <= int(resp[9:12]) < 600
+    assert raw(server, "GET", "/health")[0] == 200

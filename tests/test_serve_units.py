@@ -205,3 +205,30 @@ def test_retry_after_from_completion_rate():
     assert Scheduler._retry_after_locked(fake, 10_000) == 300          # capped
     fake.old = SimpleNamespace(_done_times=collections.deque([now - 120, now - 100]))  # outside the window
     assert Scheduler._retry_after_locked(fake.old, 5) == 1
+
+
+def test_request_head_parser_total():
+    """Any bytes give a Request or an HttpError with a status, never another exception."""
+    from hypothesis import given, settings, strategies as st
+
+    from colibri_lab.server.conn import HttpError, parse_head
+    from colibri_lab.server.limits import Limits
+
+    lim = Limits()
+    parts = st.sampled_from([b"GET", b"POST", b" ", b"/", b"HTTP/1.1", b"HTTP/1.0", b"\r\n", b"\n", b":",
+                             b"Host", b"Content-Length", b"Transfer-Encoding", b"chunked", b"5", b"-1", b",",
+                             b"\t", b"\x00", b"\xff", b"http://h/x", b"+9", b"9_4"])
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.one_of(parts, st.binary(max_size=4)), max_size=40))
+    def check(chunks):
+        raw = b"".join(chunks)
+        try:
+            req = parse_head(raw, lim)
+        except HttpError as e:
+            assert 400 <= e.status <= 505 and e.message
+            return
+        assert req.method in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+        assert req.body_len >= 0 and not (req.chunked and req.body_len)
+
+    check()
