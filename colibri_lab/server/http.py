@@ -184,9 +184,15 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch(req.method)
         return not self.close_connection
 
+    def finish(self):
+        super().finish()
+        if getattr(self, "_linger", False):
+            _linger(self.connection)
+
     def _framing_error(self, e: HttpError) -> None:
         """A request whose framing is broken: a status line, an OpenAI-shape body, close."""
         self.close_connection = True
+        self._linger = True
         self.endpoint = "other"
         try:
             self.connection.settimeout(min(5.0, self.lim.read_timeout_s))
@@ -286,6 +292,7 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, e: ApiError, anth: bool) -> None:
         if not self._body_read:
             self.close_connection = True   # unread body bytes would be parsed as the next request
+            self._linger = True
         if self.sse_started:
             try:
                 if anth:
@@ -470,6 +477,28 @@ class Handler(BaseHTTPRequestHandler):
                 "grammar": _grammar_flag(eng),
             })
         self._send_json(200, body)
+
+
+def _linger(sock, max_s: float = 2.0, max_bytes: int = 8 << 20) -> None:
+    """Close after an early answer (413, 400 on framing) without losing it: a
+    close with unread input makes the kernel send RST, which can discard the
+    answer before the client reads it.  So: stop writing, read and drop what
+    the client is still sending (bounded in time and bytes), then close."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        t_end = time.monotonic() + max_s
+        got = 0
+        while got < max_bytes:
+            left = t_end - time.monotonic()
+            if left <= 0:
+                break
+            sock.settimeout(left)
+            data = sock.recv(65536)
+            if not data:
+                break
+            got += len(data)
+    except OSError:
+        pass
 
 
 def _grammar_flag(eng) -> bool:
