@@ -30,7 +30,7 @@ cdef extern from "colibri.h" nogil:
     enum:
         CB_MAX_LOGPROBS, CB_MAX_STOP
     enum:
-        CB_EVENT_TOKEN, CB_EVENT_DONE, CB_EVENT_ERROR
+        CB_EVENT_TOKEN, CB_EVENT_DONE, CB_EVENT_ERROR, CB_EVENT_SCORE
 
     const char *cb_status_str(int status)
     int cb_simd_detect()
@@ -132,7 +132,7 @@ cdef extern from "colibri.h" nogil:
         int n_tokens, slot, max_tokens, ignore_eos, n_stop
         const char *stop[8]
         size_t stop_len[8]
-        int return_logits, copy_prefix
+        int return_logits, copy_prefix, score
         const cb_grammar *grammar
         cb_spec_params spec
         cb_sampling_params sampling
@@ -151,6 +151,13 @@ cdef extern from "colibri.h" nogil:
         int experts_unique
         double grammar_mask_us
         int slot, finish_reason, stop_offset
+    ctypedef struct cb_score_rows:
+        int pos, n, n_top
+        const float *logprob
+        const int32_t *argmax
+        const int32_t *top_tokens
+        const float *top_logprobs
+        const float *logits
     ctypedef struct cb_event:
         int type
         int64_t id
@@ -161,6 +168,7 @@ cdef extern from "colibri.h" nogil:
         float top_logprobs[20]
         const float *logits
         int drafted
+        cb_score_rows score
         cb_request_metrics metrics
         int status
         char message[160]
@@ -203,6 +211,7 @@ DEF EVENT_CAP = 512
 SPEC_SOURCES = {"grammar": CB_SPEC_GRAMMAR, "prompt_lookup": CB_SPEC_LOOKUP, "draft": CB_SPEC_DRAFT,
                 "layer_skip": CB_SPEC_LAYERSKIP, "cross_vocab": CB_SPEC_XDRAFT}
 SPEC_SOURCE_ORDER = ("grammar", "prompt_lookup", "draft", "layer_skip", "cross_vocab")  # bit order
+MAX_LOGPROBS = CB_MAX_LOGPROBS   # most alternatives per token (sampling logprobs, scoring top)
 SPEC_KEYS = {"sources", "k_max", "adaptive", "ngram_max", "ngram_min"}
 
 SIMD_NAMES = {"scalar": CB_SIMD_SCALAR, "avx2": CB_SIMD_AVX2, "avx512": CB_SIMD_AVX512, "auto": CB_SIMD_AUTO}
@@ -586,6 +595,29 @@ cdef dict _metrics_dict(const cb_request_metrics *m):
         stop_offset=m.stop_offset)
 
 
+cdef dict _score_dict(const cb_event *ev, int n_vocab):
+    """A SCORE event as numpy arrays (copies: the C rows live until the next step)."""
+    cdef const cb_score_rows *s = &ev.score
+    cdef int n = s.n, k = s.n_top
+    cdef cnp.ndarray lp = np.empty(n, dtype=np.float32)
+    cdef cnp.ndarray am = np.empty(n, dtype=np.int32)
+    cdef cnp.ndarray tt = np.empty((n, k), dtype=np.int32)
+    cdef cnp.ndarray tl = np.empty((n, k), dtype=np.float32)
+    memcpy(cnp.PyArray_DATA(lp), s.logprob, n * sizeof(float))
+    memcpy(cnp.PyArray_DATA(am), s.argmax, n * sizeof(int32_t))
+    if k > 0:
+        memcpy(cnp.PyArray_DATA(tt), s.top_tokens, n * k * sizeof(int32_t))
+        memcpy(cnp.PyArray_DATA(tl), s.top_logprobs, n * k * sizeof(float))
+    d = {"type": "score", "id": ev.id, "pos": s.pos, "logprob": lp, "argmax": am, "top_tokens": tt,
+         "top_logprobs": tl}
+    cdef cnp.ndarray lg
+    if s.logits != NULL:
+        lg = np.empty((n, n_vocab), dtype=np.float32)
+        memcpy(cnp.PyArray_DATA(lg), s.logits, <size_t>n * n_vocab * sizeof(float))
+        d["logits"] = lg
+    return d
+
+
 cdef class Engine:
     """KV slots, a thread pool and the step loop over one Model.
 
@@ -689,8 +721,11 @@ cdef class Engine:
                double top_p=1.0, double min_p=0.0, double repeat_penalty=1.0, int repeat_last_n=64,
                double presence_penalty=0.0, double frequency_penalty=0.0, seed=0, int n_logprobs=0,
                logit_bias=None, stop=None, bint ignore_eos=False, bint return_logits=False,
-               bint copy_prefix=False, Grammar grammar=None, speculative=None):
-        """Queue a request; returns its id.  Bad parameters raise InvalidRequestError."""
+               bint copy_prefix=False, Grammar grammar=None, speculative=None, bint score=False):
+        """Queue a request; returns its id.  Bad parameters raise InvalidRequestError.
+        score=True: teacher-forced scoring of the prompt; "score" events carry, per
+        step, log p(prompt[i+1] | prompt[..i]) for a run of positions i (top
+        n_logprobs alternatives each, raw logits rows with return_logits)."""
         self._check()
         cdef cnp.ndarray[cnp.int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         cdef cb_request_params r = cb_request_default_params()
@@ -715,6 +750,7 @@ cdef class Engine:
         r.ignore_eos = ignore_eos
         r.return_logits = return_logits
         r.copy_prefix = copy_prefix
+        r.score = score
         if grammar is not None:
             if grammar.model is not self.model:
                 raise errors.InvalidRequestError("the grammar was compiled for a different model")
@@ -784,6 +820,8 @@ cdef class Engine:
                     lg = np.empty(self.n_vocab, dtype=np.float32)
                     memcpy(cnp.PyArray_DATA(lg), ev.logits, self.n_vocab * sizeof(float))
                     d["logits"] = lg
+            elif ev.type == CB_EVENT_SCORE:
+                d = _score_dict(ev, self.n_vocab)
             elif ev.type == CB_EVENT_DONE:
                 d = {"type": "done", "id": ev.id, "metrics": _metrics_dict(&ev.metrics)}
                 self._keep.pop(ev.id, None)

@@ -6,6 +6,7 @@
     colibri-lab models pull smollm2
     colibri-lab info [--model PATH]
     colibri-lab run experiments/tour.toml [--small]
+    colibri-lab score FILE --model qwen2.5-coder-1.5b
     colibri-lab serve --model smollm2 --port 8080
     colibri-lab bench serve --base-url http://127.0.0.1:8080 --model smollm2 --rate 0.5,1,2,4 --workload open_chat
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from colibri_lab import models
@@ -94,6 +96,39 @@ def cmd_chat(a) -> int:
         return _run_generation(eng, eng.tokenize(prompt, add_special=False), a)
     finally:
         eng.close()
+
+
+def cmd_score(a) -> int:
+    """Perplexity of a text file (teacher-forced, BOS where the model asks for it)."""
+    from pathlib import Path
+
+    try:
+        text = Path(a.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ColibriError(f"cannot read {a.file}: {e}") from e
+    eng = _make_engine(a)
+    try:
+        ids = eng.tokenize(text, parse_special=False)
+        sc = eng.score(ids, top=a.top)
+    finally:
+        eng.close()
+    ms = sc.metrics["prefill_ms"]
+    out = {"model": eng.model_name, "file": str(a.file), "tokens": len(sc.ids), "scored": sc.n,
+           "perplexity": sc.perplexity, "mean_logprob": -math.log(sc.perplexity),
+           "time_ms": ms, "tok_s": sc.tok_s, "simd": eng.params["simd"], "threads": eng.params["n_threads"]}
+    if a.json:
+        if a.top:
+            out["top"] = sc.top
+        out["logprobs"] = sc.logprobs.tolist()
+        out["top1"] = sc.top1.tolist()
+        print(json.dumps(out))
+        return 0
+    print(f"model {out['model']}  simd {out['simd']}  threads {out['threads']}")
+    print(f"{'tokens':>12}  {out['tokens']}  ({out['scored']} scored)")
+    print(f"{'perplexity':>12}  {out['perplexity']:.4f}")
+    print(f"{'time':>12}  {ms:.1f} ms")
+    print(f"{'tok/s':>12}  {out['tok_s']:.1f}")
+    return 0
 
 
 def cmd_models(a) -> int:
@@ -321,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--save", default=None, metavar="DIR", help="save results under DIR/<name>/<timestamp>/")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_bench)
+
+    sc = sub.add_parser("score", help="perplexity of a text file (teacher-forced scoring in the batched prefill)")
+    sc.add_argument("file")
+    _engine_args(sc)
+    sc.add_argument("--top", type=int, default=0, help="alternatives per position in --json output (0..20)")
+    sc.add_argument("--json", action="store_true", help="one JSON object with per-position logprobs and top-1")
+    sc.set_defaults(func=cmd_score)
 
     from colibri_lab import serve
 

@@ -7,17 +7,22 @@ and generate or stream text through the scheduler.
     for piece in eng.stream("Once upon a time", max_tokens=32):
         print(piece, end="")
     eng.chat([{"role": "user", "content": "Hi!"}]).text
+    sc = eng.score("def add(a, b):\n    return a + b\n", top=5)
+    sc.perplexity, sc.logprobs, sc.top1, sc.top
 """
 from __future__ import annotations
 
 import collections
 import hashlib
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from colibri_lab import _engine, chat as chat_mod, models
-from colibri_lab.errors import InvalidRequestError
+from colibri_lab.errors import EngineError, InvalidRequestError
 from colibri_lab.scheduler import RequestHandle, Scheduler
 from colibri_lab.tokenizer import Tokenizer
 
@@ -42,6 +47,43 @@ class Completion:
 
     def __str__(self) -> str:
         return self.text
+
+
+@dataclass
+class ScoreResult:
+    """Teacher-forced log-probabilities of a token sequence (Engine.score).
+
+    Position i (0 <= i < len(ids) - 1) is the model's prediction after
+    ids[:i+1], scored against ids[i+1]; the first token is context only."""
+
+    ids: list[int]                  # the scored sequence (BOS included where the model asks for it)
+    logprobs: np.ndarray            # float32 [n]: log p(ids[i+1] | ids[:i+1]), n = len(ids) - 1
+    top1: np.ndarray                # int32 [n]: the most probable token (lowest id on ties) at each position
+    top_ids: np.ndarray             # int32 [n, k]: the k best tokens, best first (lowest id first on ties)
+    top_logprobs: np.ndarray        # float32 [n, k]: their log-probabilities
+    metrics: dict                   # the request's metrics (prompt_tokens, prefill_ms, ...)
+    logits: np.ndarray | None = None  # float32 [n, n_vocab] raw logits rows (score(..., logits=True))
+
+    @property
+    def n(self) -> int:
+        """Scored positions (len(ids) - 1)."""
+        return len(self.logprobs)
+
+    @property
+    def top(self) -> list[list[tuple[int, float]]]:
+        """Per position, the k best alternatives as (token id, logprob), best first."""
+        return [[(int(t), float(lp)) for t, lp in zip(ti, tl)] for ti, tl in zip(self.top_ids, self.top_logprobs)]
+
+    @property
+    def perplexity(self) -> float:
+        """exp of the mean negative log-likelihood over the scored positions (float64 sum)."""
+        return math.exp(-float(np.mean(self.logprobs, dtype=np.float64)))
+
+    @property
+    def tok_s(self) -> float:
+        """Tokens scored per second: prompt tokens over the request's prefill time."""
+        ms = self.metrics.get("prefill_ms") or 0.0
+        return len(self.ids) * 1e3 / ms if ms > 0 else float("nan")
 
 
 class _Utf8Stream:
@@ -277,6 +319,42 @@ class Engine:
         return Completion(text=data.decode("utf-8", errors="replace"), tokens=res["tokens"],
                           finish_reason=m["finish_reason"], metrics=m, prompt_tokens=ids,
                           logprobs=res["logprobs"])
+
+    def score(self, prompt, *, top: int = 0, logits: bool = False) -> ScoreResult:
+        """Teacher-forced scoring of a prompt (text, tokenized as generate() does,
+        BOS where the model asks for it; or token ids): the log-probability of
+        every token after the first given the ones before it, the most
+        probable token and the `top` best alternatives at each position, and
+        the perplexity.  Computed in the engine's batched prefill (chunks of
+        the prompt per step, alongside other requests), not token by token;
+        each position's row is the one a decode of that prefix would sample
+        from.  logits=True also returns the raw logits rows (n x n_vocab
+        floats: large).  A sequence of fewer than 2 tokens cannot be scored
+        (InvalidRequestError); one longer than the context raises
+        ContextLengthExceededError."""
+        if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or not 0 <= top <= _engine.MAX_LOGPROBS:
+            raise InvalidRequestError(f"top must be an integer in [0, {_engine.MAX_LOGPROBS}], got {top!r}")
+        ids = self._prompt_ids(prompt)
+        if len(ids) < 2:
+            raise InvalidRequestError(f"scoring needs at least 2 tokens (the first is context only), got {len(ids)}")
+        handle = self.scheduler.submit(ids, max_tokens=0, n_logprobs=int(top), score=True,
+                                       return_logits=bool(logits))
+        res = handle.result()
+        evs = sorted(res["scores"], key=lambda ev: ev["pos"])
+        pos = 0
+        for ev in evs:  # the engine's chunks tile positions 0 .. n-2 exactly once
+            if ev["pos"] != pos:
+                raise EngineError(f"internal error: score rows from position {ev['pos']}, expected {pos}")
+            pos += len(ev["logprob"])
+        if pos != len(ids) - 1:
+            raise EngineError(f"internal error: {pos} positions scored, expected {len(ids) - 1}")
+        k = int(top)
+        cat = (lambda key, dt, shape: np.concatenate([ev[key] for ev in evs]) if evs
+               else np.zeros(shape, dtype=dt))
+        return ScoreResult(ids=ids, logprobs=cat("logprob", np.float32, (0,)), top1=cat("argmax", np.int32, (0,)),
+                           top_ids=cat("top_tokens", np.int32, (0, k)), top_logprobs=cat("top_logprobs", np.float32, (0, k)),
+                           metrics=dict(res["metrics"]),
+                           logits=np.concatenate([ev["logits"] for ev in evs]) if logits else None)
 
     def stream(self, prompt, *, max_tokens: int | None = 256, stop=None, conversation: str | None = None,
                **kw) -> Iterator[str]:

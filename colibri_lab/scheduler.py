@@ -51,12 +51,13 @@ class RequestHandle:
         self.id: int | None = None  # engine request id once submitted to C
         self.tokens: list[int] = []
         self.logprobs: list[dict] = []
+        self.scores: list[dict] = []  # "score" events of a scoring request, in prompt order
         self.metrics: dict | None = None
         self.error: Exception | None = None
         self.cancelled = False
 
     def __iter__(self):
-        """Yield event dicts ({"type": "token"|"done"|"error", ...}) until the request ends."""
+        """Yield event dicts ({"type": "token"|"score"|"done"|"error", ...}) until the request ends."""
         while True:
             ev = self._events.get()
             yield ev
@@ -72,18 +73,21 @@ class RequestHandle:
         return self._done.wait(timeout)
 
     def result(self, timeout: float | None = None) -> dict:
-        """Block until done; returns {"tokens", "logprobs", "metrics"} or raises the request's error."""
+        """Block until done; returns {"tokens", "logprobs", "scores", "metrics"} or raises the request's error."""
         if not self._done.wait(timeout):
             raise TimeoutError("request did not finish in time")
         if self.error is not None:
             raise self.error
-        return {"tokens": list(self.tokens), "logprobs": list(self.logprobs), "metrics": dict(self.metrics)}
+        return {"tokens": list(self.tokens), "logprobs": list(self.logprobs), "scores": list(self.scores),
+                "metrics": dict(self.metrics)}
 
     # called on the owner thread
     def _deliver(self, ev: dict) -> None:
         if ev["type"] == "token":
             self.tokens.append(ev["token"])
             self.logprobs.append({"token": ev["token"], "logprob": ev["logprob"], "top": ev.get("top", [])})
+        elif ev["type"] == "score":
+            self.scores.append(ev)
         elif ev["type"] == "done":
             self.metrics = ev["metrics"]
         elif ev["type"] == "error":

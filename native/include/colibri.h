@@ -300,8 +300,10 @@ typedef struct {
     int      n_stop;             /* stop strings (bytes), matched in C on the output     */
     const char *stop[CB_MAX_STOP];
     size_t   stop_len[CB_MAX_STOP];
-    int      return_logits;      /* 1: token events carry the full logits row           */
+    int      return_logits;      /* 1: token events carry the full logits row (score events: every scored row) */
     int      copy_prefix;        /* 1: may copy a longer matching prefix from another slot */
+    int      score;              /* 1: teacher-forced scoring: SCORE events give log p(prompt[i+1] | prompt[..i])
+                                    for every prompt position (see cb_score_rows below); needs >= 2 prompt tokens */
     const cb_grammar *grammar;   /* nullable; output constrained to it (not owned; must outlive the request) */
     cb_spec_params spec;         /* speculative decoding (sources = 0: off)                */
     cb_sampling_params sampling;
@@ -353,8 +355,30 @@ typedef struct {
 typedef enum {
     CB_EVENT_TOKEN = 1,   /* one generated token */
     CB_EVENT_DONE  = 2,   /* request finished; metrics valid */
-    CB_EVENT_ERROR = 3    /* request refused or failed; status + message valid */
+    CB_EVENT_ERROR = 3,   /* request refused or failed; status + message valid */
+    CB_EVENT_SCORE = 4    /* scored prompt positions of a `score` request; score valid */
 } cb_event_type;
+
+/* Scoring (a request with `score` set).  The prompt is prefilled as usual,
+ * in the same batched steps as every other request, but every position's
+ * logits row is kept: row i of the whole prompt is the row a decode of
+ * prompt[0..i] would sample from (bit for bit, batch invariance), scored
+ * against prompt[i+1] as the sampler's logprobs are (log-softmax of the raw
+ * logits at temperature 1).  The rows of one step come as one SCORE event;
+ * a long prompt takes several steps, since the rows that produce logits in
+ * one step are bounded when the engine is created (cb_engine_new).  A score
+ * request never reuses a cached prefix (each position needs its row), and
+ * with max_tokens > 0 it goes on to generate after the prompt as usual. */
+typedef struct {
+    int            pos;          /* prompt position of row 0: row j scores prompt[pos + j + 1] */
+    int            n;            /* rows in this event; over all events pos runs 0 .. n_tokens - 2 */
+    int            n_top;        /* alternatives per row: the request's sampling.n_logprobs */
+    const float   *logprob;      /* [n] log p(prompt[pos + j + 1] | prompt[0 .. pos + j]) */
+    const int32_t *argmax;       /* [n] most probable token (first index of the maximum; -1: row all -inf / NaN) */
+    const int32_t *top_tokens;   /* [n * n_top] best first, lower id first on equal logits (-1: none left) */
+    const float   *top_logprobs; /* [n * n_top] their log-probabilities */
+    const float   *logits;       /* [n * n_vocab] raw logits if return_logits, else NULL */
+} cb_score_rows;
 
 typedef struct {
     int      type;          /* cb_event_type */
@@ -368,6 +392,8 @@ typedef struct {
     float    top_logprobs[CB_MAX_LOGPROBS];
     const float *logits;    /* n_vocab raw logits if return_logits, else NULL; valid until next step */
     int      drafted;       /* 1: this token was proposed by a draft source and verified */
+    /* SCORE */
+    cb_score_rows score;    /* pointers into the engine, valid until the next cb_engine_step() */
     /* DONE */
     cb_request_metrics metrics;
     /* ERROR */

@@ -14,6 +14,7 @@
 #include "bpe.h"
 #include "forward.h"
 #include "sampler.h"
+#include "score.h"
 #include "spec.h"
 #include "stopstr.h"
 
@@ -42,6 +43,8 @@ typedef struct {
     int      max_tokens;
     int      n_gen;          /* completion tokens emitted */
     int      ignore_eos, return_logits, copy_prefix;
+    int      score;          /* teacher-forced scoring: every prompt position's row is scored */
+    int      score_lr0, score_n, score_pos; /* this step's scored rows: logits rows [lr0, lr0 + n), prompt positions from pos */
     int      cancelled;
     cb_sampling_params sp;   /* logit bias arrays point into bias_tok / bias_val */
     int32_t *bias_tok;       /* owned */
@@ -92,7 +95,10 @@ struct cb_engine {
     double            step_grammar_ms; /* grammar time in the current step */
     /* batch under construction, [n_batch] each */
     int32_t *b_tokens, *b_pos, *b_slot, *b_logit;
-    int     *logit_req;            /* [n_logits] request index per logits row */
+    int     *logit_req;            /* [n_logits] request index per logits row (-1: a scored prompt row) */
+    /* scored prompt rows of one step, by logits row (top_*: CB_MAX_LOGPROBS per row) */
+    int32_t *score_target, *score_argmax, *score_top;
+    float   *score_logprob, *score_top_lp;
     /* pending events (FIFO) */
     cb_event *events;              /* [ev_cap] */
     int       ev_head, ev_count, ev_cap;
@@ -237,10 +243,16 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     e->b_slot = calloc((size_t)p.n_batch, sizeof(int32_t));
     e->b_logit = calloc((size_t)p.n_batch, sizeof(int32_t));
     e->logit_req = calloc((size_t)n_logits, sizeof(int));
+    e->score_target = calloc((size_t)n_logits, sizeof(int32_t));
+    e->score_argmax = calloc((size_t)n_logits, sizeof(int32_t));
+    e->score_logprob = calloc((size_t)n_logits, sizeof(float));
+    e->score_top = calloc((size_t)n_logits * CB_MAX_LOGPROBS, sizeof(int32_t));
+    e->score_top_lp = calloc((size_t)n_logits * CB_MAX_LOGPROBS, sizeof(float));
     e->ev_cap = 2 * CB_MAX_REQUESTS + 16;
     e->events = calloc((size_t)e->ev_cap, sizeof(cb_event));
     if (!e->slots || !e->reqs || !e->order || !e->b_tokens || !e->b_pos || !e->b_slot || !e->b_logit ||
-        !e->logit_req || !e->events) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+        !e->logit_req || !e->events || !e->score_target || !e->score_argmax || !e->score_logprob ||
+        !e->score_top || !e->score_top_lp) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
     for (int s = 0; s < p.n_slots; s++) {
         e->slots[s].req = -1;
         e->slots[s].tokens = calloc((size_t)p.n_ctx, sizeof(int32_t));
@@ -312,6 +324,7 @@ void cb_engine_free(cb_engine *e) {
     cb_pool_free(e->pool);
     free(e->slots); free(e->reqs); free(e->order); free(e->b_tokens); free(e->b_pos);
     free(e->b_slot); free(e->b_logit); free(e->logit_req); free(e->events);
+    free(e->score_target); free(e->score_argmax); free(e->score_logprob); free(e->score_top); free(e->score_top_lp);
     free(e);
 }
 
@@ -348,6 +361,7 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
         if (q->tokens[i] < 0 || q->tokens[i] >= n_vocab) { set_err(err, err_len, "prompt token %d at index %d is out of range [0, %d)", q->tokens[i], i, n_vocab); return CB_ERR_ARG; }
     if (q->slot < -1 || q->slot >= e->params.n_slots) { set_err(err, err_len, "slot %d is out of range [-1, %d)", q->slot, e->params.n_slots); return CB_ERR_ARG; }
     if (q->max_tokens < 0) { set_err(err, err_len, "max_tokens must be >= 0, got %d", q->max_tokens); return CB_ERR_ARG; }
+    if (q->score && q->n_tokens < 2) { set_err(err, err_len, "scoring needs at least 2 prompt tokens (the first is context only), got %d", q->n_tokens); return CB_ERR_ARG; }
     if (q->n_stop < 0 || q->n_stop > CB_MAX_STOP) { set_err(err, err_len, "at most %d stop strings, got %d", CB_MAX_STOP, q->n_stop); return CB_ERR_ARG; }
     int rc = validate_sampling(&q->sampling, n_vocab, err, err_len);
     if (rc) return rc;
@@ -399,6 +413,7 @@ int cb_engine_submit(cb_engine *e, const cb_request_params *q, int64_t *id_out, 
     r->ignore_eos = q->ignore_eos;
     r->return_logits = q->return_logits;
     r->copy_prefix = q->copy_prefix;
+    r->score = q->score != 0;
     r->spec = q->spec;
     cb_spec_req_init(&r->sq);
     r->id = e->next_id++;
@@ -431,7 +446,8 @@ int cb_engine_pending(const cb_engine *e) {
 /* --------------------------------------------------------------- events */
 
 static cb_event *push_event(cb_engine *e, int type, const cb_request *r) {
-    /* capacity: every live request emits at most a token and a done per step */
+    /* capacity: in one step a running request (<= 256) emits at most a score,
+     * a token and a done event, any other request at most an error */
     cb_event *ev = &e->events[(e->ev_head + e->ev_count) % e->ev_cap];
     e->ev_count++;
     memset(ev, 0, offsetof(cb_event, metrics));
@@ -543,7 +559,7 @@ static void admit(cb_engine *e) {
             for (int i = 0; i < P->n_slots; i++) {
                 cb_slot *sl = &e->slots[i];
                 if (sl->req >= 0) continue;
-                int m = P->prefix_reuse ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
+                int m = P->prefix_reuse && !r->score ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
                 if (s < 0 || m > match || (m == match && sl->last_used < e->slots[s].last_used)) { s = i; match = m; }
                 if (lru < 0 || sl->last_used < e->slots[lru].last_used) lru = i;
             }
@@ -567,10 +583,11 @@ static void admit(cb_engine *e) {
             }
         }
         cb_slot *sl = &e->slots[s];
-        match = P->prefix_reuse ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
+        /* a scoring request needs every position's row: it computes the whole prompt */
+        match = P->prefix_reuse && !r->score ? common_prefix(sl->tokens, sl->n_past, r->prompt, r->n_prompt) : 0;
         if (match > r->n_prompt - 1) match = r->n_prompt - 1;  /* the last prompt token must run for logits */
         match = cb_kv_usable(&e->ctx, s, match);  /* a sliding window's ring may have moved on */
-        if (P->prefix_reuse && r->copy_prefix) {
+        if (P->prefix_reuse && r->copy_prefix && !r->score) {
             int src = -1, src_match = match;
             for (int i = 0; i < P->n_slots; i++) {
                 if (i == s) continue;
@@ -848,13 +865,9 @@ int cb_engine_spec_stats(const cb_engine *e, int source, cb_spec_stats *out) {
 
 int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     if (!e || (max_events > 0 && !events)) return CB_ERR_ARG;
-    int drained = 0;
-    if (e->ev_count > 0) {
-        drained = drain(e, events, max_events);
-        if (e->ev_count > 0 || drained == max_events) return drained;  /* let the caller catch up first */
-        events += drained;
-        max_events -= drained;
-    }
+    /* the caller catches up first: computing now would overwrite the
+     * logits and score rows that queued events point to */
+    if (e->ev_count > 0) return drain(e, events, max_events);
     double t0 = now_ms();
     cb_ctx *c = &e->ctx;
     double m0 = c->t_matmul, a0 = c->t_attention, h0 = c->t_lm_head;
@@ -871,11 +884,16 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     admit(e);
     /* 3. batch: decode rows (each with its drafts) first, then prefill
      *    chunks, in admission order */
-    int n = 0, n_logit = 0, rows_decode = 0, rows_prefill = 0, n_decoding = 0;
-    for (int k = 0; k < e->n_order; k++) n_decoding += e->reqs[e->order[k]].state == RQ_DECODE;
+    int n = 0, n_logit = 0, rows_decode = 0, rows_prefill = 0, n_decoding = 0, n_prefilling = 0;
+    for (int k = 0; k < e->n_order; k++) {
+        n_decoding += e->reqs[e->order[k]].state == RQ_DECODE;
+        n_prefilling += e->reqs[e->order[k]].state == RQ_PREFILL;
+    }
     e->step_draft_ms = 0;
     {
-        int room = e->ctx.n_logits - n_decoding;
+        /* drafts leave a logits row for each prefilling request, so that a
+         * prompt's last row (and a scored chunk) always finds room */
+        int room = e->ctx.n_logits - n_decoding - n_prefilling;
         if (room > e->params.n_batch - n_decoding) room = e->params.n_batch - n_decoding;
         for (int k = 0; k < e->n_order; k++) e->reqs[e->order[k]].draft_src = 0;
         if (room > 0) make_drafts(e, n_decoding, room);
@@ -905,20 +923,31 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
         int chunk = left < e->params.n_chunk ? left : e->params.n_chunk;
         if (chunk > e->params.n_batch - n) chunk = e->params.n_batch - n;
         cb_slot *sl = &e->slots[r->slot];
-        for (int j = 0; j < chunk; j++) {
+        r->score_lr0 = n_logit;
+        r->score_n = 0;
+        r->score_pos = r->n_prompt_done;
+        int j = 0;
+        for (; j < chunk; j++) {
             int pos = r->n_prompt_done + j;
+            int last = pos == r->n_prompt - 1;
+            int wants = (last && r->max_tokens > 0) || (!last && r->score);
+            if (wants && n_logit >= e->ctx.n_logits) break;  /* no logits row left: the rest waits a step */
             sl->tokens[pos] = r->prompt[pos];
             e->b_tokens[n] = r->prompt[pos];
             e->b_pos[n] = pos;
             e->b_slot[n] = r->slot;
             e->b_logit[n] = -1;
-            if (pos == r->n_prompt - 1 && r->max_tokens > 0) {
-                e->logit_req[n_logit] = idx;
+            if (wants) {
+                e->logit_req[n_logit] = last ? idx : -1;  /* scored rows are not sampled */
+                if (!last) {
+                    e->score_target[n_logit] = r->prompt[pos + 1];
+                    r->score_n++;
+                }
                 e->b_logit[n] = n_logit++;
             }
             n++;
         }
-        rows_prefill += chunk;
+        rows_prefill += j;
     }
     /* 4. forward */
     if (n > 0) {
@@ -958,11 +987,34 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             if (r->n_prompt_done >= r->n_prompt) r->t_prefill_done = ts;
         }
     }
+    /* scored prompt rows: one SCORE event per scoring request, before its
+     *    first token (a request whose prompt ends in this step samples next) */
+    for (int k = 0; k < e->n_order; k++) {
+        cb_request *r = &e->reqs[e->order[k]];
+        if (r->state != RQ_PREFILL || !r->score || r->score_n == 0) continue;
+        const int n_vocab = e->model->info.n_vocab, lr0 = r->score_lr0, nt = r->sp.n_logprobs;
+        const float *rows = c->logits + (size_t)lr0 * n_vocab;
+        int32_t *top = e->score_top + (size_t)lr0 * CB_MAX_LOGPROBS;
+        float *top_lp = e->score_top_lp + (size_t)lr0 * CB_MAX_LOGPROBS;
+        cb_score_batch(e->pool, rows, r->score_n, n_vocab, e->score_target + lr0, nt,
+                       e->score_logprob + lr0, e->score_argmax + lr0, top, top_lp);
+        cb_event *ev = push_event(e, CB_EVENT_SCORE, r);
+        ev->score.pos = r->score_pos;
+        ev->score.n = r->score_n;
+        ev->score.n_top = nt;
+        ev->score.logprob = e->score_logprob + lr0;
+        ev->score.argmax = e->score_argmax + lr0;
+        ev->score.top_tokens = top;
+        ev->score.top_logprobs = top_lp;
+        ev->score.logits = r->return_logits ? rows : NULL;
+        r->score_n = 0;
+    }
     /* 5. sample, in logits-row order.  A decode row followed by drafts is
      *    verified: sample row j with the KV of the pending token and drafts
      *    before it; keep going while what was sampled equals the next draft. */
     for (int lr = 0; lr < n_logit;) {
         int idx = e->logit_req[lr];
+        if (idx < 0) { lr++; continue; }  /* a scored prompt row */
         cb_request *r = &e->reqs[idx];
         if (r->state != RQ_DECODE) { sample_row(e, idx, lr); lr++; continue; }
         int n_draft = r->n_draft, src = r->draft_src, base = r->base_pos, acc = 0, r_cls = r->draft_cls;
@@ -1024,7 +1076,7 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     for (int ty = 0; ty < CB_N_TYPES; ty++) S->matmul_type_ms[ty] = c->t_matmul_type[ty] - mt0[ty];
     S->experts_unique = c->n_expert_runs - xu0;
     S->experts_routed = c->n_expert_routed - xr0;
-    return drained + drain(e, events, max_events);
+    return drain(e, events, max_events);
 }
 
 void cb_engine_last_step(const cb_engine *e, cb_step_stats *s) { *s = e->last; }
