@@ -30,13 +30,16 @@ from colibri_lab.experiments.stats import (  # noqa: F401
     json_validity,
     block_throughput,
     bootstrap_ci,
+    bootstrap_mean_ci,
     compare,
     earns_its_keep,
     hit_ratio,
+    numerics_table,
     output_equality,
     summarize,
     summary_table,
 )
+from colibri_lab.experiments.numerics import compare_sequence  # noqa: F401
 from colibri_lab.experiments.workloads import BUILTIN, Arrival, Item, Workload, load_workload  # noqa: F401
 from colibri_lab.experiments.distributed import DaskBackend, TaskFailedError, use_backend  # noqa: F401
 from colibri_lab.experiments.loadgen import Target, metrics_delta, parse_slo, run_block, trace_metrics  # noqa: F401

@@ -6,6 +6,7 @@ Layout of a saved run (experiments/results/<name>/<timestamp>/):
     steps.csv      one row per engine step (slices of scheduler.step_log);
                    steps.csv.gz instead with save(steps="gz"), none with steps="none"
     gaps.csv.gz    serving runs only: one row per gap between output tokens
+    numerics.csv   one row per (variant, item) of the numerics pass (specs with numerics = true)
     meta.json      metadata + the column dtypes, so that load_results()
                    restores exactly the frames that were saved
 """
@@ -41,6 +42,8 @@ POS_PREFIXES = ("draft_n_pos_", "draft_accepted_pos_")
 SRC_PREFIXES = ("draft_n_src_", "draft_accepted_src_")
 # Serving runs (loadgen): one row per gap between two output chunks of a request.
 GAP_COLUMNS = ["experiment", "variant", "repeat", "block", "prompt_id", "turn", "seed", "gap", "t_s", "itl_ms"]
+NUMERICS_COLUMNS = ["experiment", "variant", "item_index", "prompt_id", "group", "prompt_tokens", "reply_tokens",
+                    "n_scored", "perplexity", "kl_mean", "kl_max", "top1_agree"]
 STEP_COLUMNS = ["experiment", "variant", "repeat", "block", "step", "rows_decode", "rows_prefill", "n_running",
                 "step_ms", "matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms",
                 "other_ms", "t_rel_s"]
@@ -98,13 +101,16 @@ class Results:
     per engine step; `meta`: provenance (git commit and dirty flag, CPU, SIMD,
     threads, model sha256, engine / server settings, package versions, load
     average before and after, blocks).  `path`: where it was saved or loaded
-    from.  `gaps` (serving runs): one row per inter-token gap."""
+    from.  `gaps` (serving runs): one row per inter-token gap.  `numerics`:
+    one row per (variant, item) of the numerics pass (empty unless the spec
+    asked for it; see experiments.numerics)."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
     meta: dict = field(default_factory=dict)
     path: Path | None = None
     gaps: pd.DataFrame | None = None     # serving runs: one row per inter-token gap (loadgen)
+    numerics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=NUMERICS_COLUMNS))
 
     def __post_init__(self):
         # the frames carry where they came from, so a plot of res.requests can say it (plots._stamp)
@@ -112,6 +118,12 @@ class Results:
         for df in (self.requests, self.steps, self.gaps):
             if df is not None and line:
                 df.attrs["provenance"] = line
+
+    @staticmethod
+    def numerics_frame(rows: list[dict]) -> pd.DataFrame:
+        """The numerics table from the numerics pass's rows."""
+        df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=NUMERICS_COLUMNS)
+        return _tidy(_order(df, NUMERICS_COLUMNS))
 
     @classmethod
     def from_rows(cls, rows: list[dict], steps: list[dict], meta: dict,
@@ -189,6 +201,10 @@ class Results:
             gp.to_csv(path / "gaps.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
             meta["dtypes"]["gaps"] = {c: str(t) for c, t in self.gaps.dtypes.items()}
         self.requests.to_csv(path / "requests.csv", index=False)
+        (path / "numerics.csv").unlink(missing_ok=True)
+        if len(self.numerics):
+            meta["dtypes"]["numerics"] = {c: str(t) for c, t in self.numerics.dtypes.items()}
+            self.numerics.to_csv(path / "numerics.csv", index=False)
         for stale in ("steps.csv", "steps.csv.gz"):  # re-saving into the same folder: one steps file only
             (path / stale).unlink(missing_ok=True)
         if steps == "csv":
@@ -249,7 +265,10 @@ def load_results(path: str | os.PathLike) -> Results:
     else:  # saved with steps="none"
         st = pd.DataFrame(columns=STEP_COLUMNS)
     gp = _read_frame(p / "gaps.csv.gz", dtypes["gaps"]) if (p / "gaps.csv.gz").is_file() else None
-    return Results(req, st, meta, path=p, gaps=gp)
+    res = Results(req, st, meta, path=p, gaps=gp)
+    if (p / "numerics.csv").is_file():
+        res.numerics = _read_frame(p / "numerics.csv", dtypes.get("numerics", {}))
+    return res
 
 
 def latest_results(name: str, root: str | os.PathLike = Path("experiments") / "results") -> Results:

@@ -41,6 +41,7 @@ import numpy as np
 from colibri_lab.errors import ContextLengthExceededError, InvalidRequestError
 from colibri_lab.experiments.results import (Results, collect_metadata, cpu_model, engine_metadata, list_metric_columns,
                                              load_average)
+from colibri_lab.experiments.numerics import run_numerics
 from colibri_lab.experiments.spec import ExperimentSpec, Variant, load_spec
 from colibri_lab.experiments.workloads import Item, Workload, load_workload
 
@@ -169,7 +170,14 @@ class Runner:
 
         backend = self.backend if self.backend is not None else distributed.default_backend()
         if backend is not None and not (isinstance(backend, str) and backend == INPROCESS):
-            return distributed.run_distributed(self, backend)
+            res = distributed.run_distributed(self, backend)
+            if self.spec.numerics and not res.interrupted:  # the numerics pass runs here, in this process
+                try:
+                    res.numerics = Results.numerics_frame(run_numerics(self, res.requests.to_dict("records")))
+                finally:
+                    if self._own_engines:
+                        self.close()
+            return res
         spec, wl = self.spec, self.workload
         order = block_order([v.name for v in self.variants], spec.repeats)
         by_name = {v.name: v for v in self.variants}
@@ -182,6 +190,7 @@ class Runner:
         interrupted = False
         started = time.time()
         load_before = load_average()
+        num_rows: list[dict] = []
         try:
             for block_i, (rep, vname) in enumerate(order):
                 v = by_name[vname]
@@ -198,6 +207,8 @@ class Runner:
                 if stop:
                     interrupted = True
                     break
+            if spec.numerics and not interrupted:
+                num_rows = run_numerics(self, rows)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -208,7 +219,9 @@ class Runner:
         meta = collect_metadata(spec, self.variants, engines_meta, load_before=load_before)
         meta.update(blocks=blocks, interrupted=interrupted, started=started, finished=time.time(),
                     workload_items=len(wl), workload_requests=wl.n_requests, backend={"kind": INPROCESS})
-        return Results.from_rows(rows, steps, meta)
+        res = Results.from_rows(rows, steps, meta)
+        res.numerics = Results.numerics_frame(num_rows)
+        return res
 
     def _make_bar(self, total: int):
         if not self.progress:

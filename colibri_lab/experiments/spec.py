@@ -21,6 +21,7 @@ TOML files (experiments/*.toml):
     seed = 0
     baseline = "reuse-off"
     lossless = true                      # outputs must be identical across variants
+    numerics = false                     # true: also compare distributions (KL, top-1) with the baseline
     [engine]                              # shared by every variant
     model = "smollm2"
     n_threads = 2
@@ -180,6 +181,8 @@ class ExperimentSpec:
     fresh_cache: bool = True               # clear every KV slot before each block, so blocks start alike
                                            # (serving: tag each block's prompts so no block hits another's cache)
     serve: dict | None = None              # [serve]: a serving experiment (HTTP), settings shared by variants
+    numerics: bool = False                 # after the blocks, a numerics pass: KL / top-1 agreement / perplexity
+                                           # of every variant against the baseline (experiments.numerics)
     description: str = ""
     source: str | None = None              # path of the TOML file, if any
 
@@ -193,6 +196,8 @@ class ExperimentSpec:
             raise ValueError("repeats must be >= 1")
         if self.baseline is not None and self.baseline not in names:
             raise ValueError(f"baseline {self.baseline!r} is not a variant ({names})")
+        if self.numerics and self.serve is not None:
+            raise ValueError("numerics compares in-process engines; a [serve] experiment cannot run it")
 
     @property
     def baseline_name(self) -> str:
@@ -212,12 +217,13 @@ class ExperimentSpec:
                 "workload_turns": self.workload_turns, "workload_order": self.workload_order, "repeats": self.repeats, "warmup": self.warmup,
                 "seed": self.seed, "engine": self.engine, "request": self.request, "arrival": self.arrival,
                 "baseline": self.baseline_name, "lossless": self.lossless, "fresh_cache": self.fresh_cache,
+                "numerics": self.numerics,
                 "variants": [v.as_dict() for v in self.variants], "source": self.source,
                 **({"serve": self.serve} if self.serve is not None else {})}
 
 
 _TOP_KEYS = {"name", "description", "workload", "repeats", "warmup", "seed", "engine", "request", "arrival",
-             "baseline", "lossless", "fresh_cache", "variants", "sweep", "small", "serve"}
+             "baseline", "lossless", "fresh_cache", "numerics", "variants", "sweep", "small", "serve"}
 
 
 def small_mode() -> bool:
@@ -276,6 +282,7 @@ def spec_from_dict(d: dict, small: bool | None = None, source: str | None = None
         engine=d.get("engine", {}), request=d.get("request", {}), arrival=d.get("arrival", {}),
         baseline=d.get("baseline"), lossless=bool(d.get("lossless", False)),
         fresh_cache=bool(d.get("fresh_cache", True)), serve=_serve_table(d.get("serve")),
+        numerics=bool(d.get("numerics", False)),
         description=d.get("description", ""), source=source)
 
 

@@ -6,6 +6,11 @@ bootstrap confidence interval.  A variant *earns its keep* on a metric only if
 the whole interval lies on the good side of 1 (below 1 for latencies, above 1
 for throughputs and hit rates).  Lossless variants are also checked for equal
 outputs, pair by pair.
+
+Numerics (specs with numerics = true, see experiments.numerics) get the same
+treatment: the perplexity ratio of paired items with its bootstrap interval
+and verdict, and KL divergence and top-1 agreement with the baseline as
+token-weighted means over items with bootstrap intervals (numerics_table).
 """
 from __future__ import annotations
 
@@ -23,7 +28,15 @@ DIRECTION = {
     "tpot_ms": "lower", "client_ms": "lower", "grammar_mask_us": "lower", "step_ms": "lower",
     "decode_tok_s": "higher", "throughput_tok_s": "higher", "accept_rate": "higher",
     "accept_len_mean": "higher", "cached_tokens": "higher", "hit_ratio": "higher",
+    "perplexity": "lower", "kl_mean": "lower", "kl_max": "lower", "top1_agree": "higher",
 }
+
+# A variant is numerically "equivalent" to the baseline when the perplexity
+# ratio's interval lies within 1 +- NUMERICS_PPL_TOL and the top-1 agreement's
+# interval above NUMERICS_AGREE_MIN: the bars two correct engines clear on the
+# same model file (ANCHORS.md: well under 1% apart, a few near-tied flips).
+NUMERICS_PPL_TOL = 0.01
+NUMERICS_AGREE_MIN = 0.97
 
 
 def direction(metric: str) -> str:
@@ -193,6 +206,74 @@ def compare_blocks(df: pd.DataFrame, baseline: str, variant: str, metric: str = 
     return compare(bt, metric, baseline, variant, **kw)
 
 
+def bootstrap_mean_ci(values, weights=None, n_boot: int = 2000, ci: float = 0.95,
+                      seed: int = 0) -> tuple[float, float, float]:
+    """(estimate, low, high): the weighted mean of `values` (weights default 1)
+    and its percentile bootstrap interval, resampling items with a seeded rng."""
+    x = np.asarray(values, dtype=float)
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(w) & (w > 0)
+    x, w = x[ok], w[ok]
+    if len(x) == 0:
+        return float("nan"), float("nan"), float("nan")
+    est = float(np.sum(w * x) / np.sum(w))
+    if len(x) == 1:
+        return est, float("nan"), float("nan")
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+    boots = np.sum(w[idx] * x[idx], axis=1) / np.sum(w[idx], axis=1)
+    alpha = (1.0 - ci) / 2.0
+    lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
+    return est, float(lo), float(hi)
+
+
+def numerics_table(results, *, ppl_tol: float = NUMERICS_PPL_TOL, agree_min: float = NUMERICS_AGREE_MIN,
+                   n_boot: int = 2000, ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """One row per variant of the numerics pass: items, scored tokens,
+    perplexity over all of them, the paired perplexity ratio against the
+    baseline with its interval and verdict (as compare() gives for speed),
+    KL(baseline || variant) and top-1 agreement as token-weighted means over
+    items with bootstrap intervals, the largest per-position KL, and the
+    numerics verdict: "identical" (every position's KL is 0 and every top-1
+    agrees), "equivalent" (the perplexity ratio's interval within
+    1 +- ppl_tol and the agreement's interval above agree_min) or "differs"."""
+    num = results.numerics if hasattr(results, "numerics") else results
+    meta = getattr(results, "meta", {}) or {}
+    if num is None or len(num) == 0:
+        return pd.DataFrame()
+    variants = list(dict.fromkeys(num["variant"]))
+    base = meta.get("experiment", {}).get("baseline") or variants[0]
+    if base not in variants:
+        base = variants[0]
+    rows = []
+    for v in variants:
+        g = num[num["variant"] == v]
+        w = g["n_scored"].astype(float).to_numpy()
+        kl = bootstrap_mean_ci(g["kl_mean"], w, n_boot=n_boot, ci=ci, seed=seed)
+        ag = bootstrap_mean_ci(g["top1_agree"], w, n_boot=n_boot, ci=ci, seed=seed)
+        ppl = float(np.exp(np.sum(w * np.log(g["perplexity"].astype(float))) / np.sum(w)))
+        rec = {"variant": v, "items": int(len(g)), "tokens": int(w.sum()), "perplexity": ppl}
+        if v == base:
+            rec.update({"ppl ratio": 1.0, "ppl ci": "baseline", "ppl verdict": ""})
+        else:
+            c = compare(num, "perplexity", base, v, better="lower", n_boot=n_boot, ci=ci, seed=seed,
+                        on=("prompt_id",))
+            rec.update({"ppl ratio": c["ratio"], "ppl ci": f"[{c['ci_low']:.4f}, {c['ci_high']:.4f}]",
+                        "ppl verdict": c["verdict"]})
+        rec.update({"KL mean": kl[0], "KL ci": f"[{kl[1]:.2e}, {kl[2]:.2e}]", "KL max": float(g["kl_max"].max()),
+                    "top-1 agree": ag[0], "top-1 ci": f"[{ag[1]:.4f}, {ag[2]:.4f}]"})
+        if v == base:
+            rec["numerics"] = "baseline"
+        elif (g["kl_max"] == 0).all() and (g["top1_agree"] == 1).all():
+            rec["numerics"] = "identical"
+        else:
+            lo, hi = (c["ci_low"], c["ci_high"]) if len(g) > 1 else (c["ratio"], c["ratio"])
+            agree_lo = ag[1] if len(g) > 1 else ag[0]
+            within = np.isfinite(lo) and 1 - ppl_tol <= lo and hi <= 1 + ppl_tol
+            rec["numerics"] = "equivalent" if within and agree_lo >= agree_min else "differs"
+        rows.append(rec)
+    return pd.DataFrame(rows).set_index("variant")
+
+
 def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_ms"),
                   primary: str = "e2e_ms", **kw) -> pd.DataFrame:
     """One row per variant: requests, medians (and p99 of e2e), aggregate
@@ -243,6 +324,11 @@ def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_
             rec["commit"] = (git.get("commit") or "?")[:10] + ("+dirty" if git.get("dirty") else "")
         rows.append(rec)
     out = pd.DataFrame(rows).set_index("variant")
+    num = getattr(results, "numerics", None)
+    if num is not None and len(num):  # the numerics pass's verdicts next to the speed ones
+        nt = numerics_table(results)
+        for col in ("ppl ratio", "KL mean", "top-1 agree", "numerics"):
+            out[col] = nt[col].reindex(out.index)
     if df.attrs.get("provenance"):
         out.attrs["provenance"] = df.attrs["provenance"]
     return out
