@@ -10,7 +10,9 @@ subprocess from the anchors venv).  Reported per model:
   top-1 agree                        share of positions where both engines' argmax is the same token (>= 97%)
   KL mean / p99 / max                KL(llama.cpp || ours) per position, nats (full distributions)
   |dlogp| mean                       mean |log p_ours(next) - log p_llama(next)|
-  ours tok/s                         tokens scored per second (score(): prefill with every row's logits)
+  ours tok/s                         tokens scored per second (Engine.score's prefill time, every row's logits)
+  llama.cpp FA vs llama.cpp          the same three numbers for llama.cpp with flash_attn=True against its
+                                     default: how far two correct computations of one file drift apart
 
     python scripts/bench_quality.py                       # the four models, 2 threads
     python scripts/bench_quality.py --models smollm2 qwen2.5-coder-1.5b --text FILE
@@ -27,7 +29,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,23 +44,29 @@ CACHE_FILES = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
 
 # Runs in the anchors venv: eval the ids with logits for every position, save
 # the raw logits rows [n - 1, n_vocab] (the last row predicts past the text)
-# and llama.cpp's own tokenization of the text.
+# and llama.cpp's own tokenization of the text; then the same with llama.cpp's
+# flash attention on (its other attention numerics: the calibration of how
+# far two correct implementations of one model file fall apart).
 LLAMA_SIDE = r"""
 import json, sys, time
 import numpy as np
 from llama_cpp import Llama
 cfg = json.load(open(sys.argv[1]))
 ids = cfg["ids"]
-llm = Llama(model_path=cfg["model"], n_ctx=len(ids) + 8, n_batch=512, n_threads=cfg["threads"],
-            logits_all=True, verbose=False)
-text = open(cfg["text"], encoding="utf-8").read()
-own = llm.tokenize(text.encode("utf-8"), add_bos=cfg["add_bos"], special=False)
-t = time.perf_counter()
-llm.eval(ids)
-dt = time.perf_counter() - t
-rows = np.asarray(llm.scores[:len(ids) - 1], dtype=np.float32)
-np.save(cfg["out"], rows)
-json.dump({"eval_s": dt, "own_ids": list(map(int, own)), "n_vocab": llm.n_vocab()}, open(cfg["out"] + ".json", "w"))
+info = {}
+for tag, fa in (("", False), ("_fa", True)):
+    llm = Llama(model_path=cfg["model"], n_ctx=len(ids) + 8, n_batch=512, n_threads=cfg["threads"],
+                logits_all=True, verbose=False, flash_attn=fa)
+    if not fa:
+        text = open(cfg["text"], encoding="utf-8").read()
+        info["own_ids"] = list(map(int, llm.tokenize(text.encode("utf-8"), add_bos=cfg["add_bos"], special=False)))
+        info["n_vocab"] = llm.n_vocab()
+    t = time.perf_counter()
+    llm.eval(ids)
+    info["eval_s" + tag] = time.perf_counter() - t
+    np.save(cfg["out"] + tag + ".npy", np.asarray(llm.scores[:len(ids) - 1], dtype=np.float32))
+    del llm
+json.dump(info, open(cfg["out"] + ".json", "w"))
 """
 
 
@@ -89,19 +96,16 @@ def measure(name: str, text: str, text_path: Path, threads: int, anchor_python: 
     ids = eng.tokenize(text, parse_special=False)
     add_bos = bool(ids) and eng.tokenizer.bos_id is not None and ids[0] == eng.tokenizer.bos_id
     eng.score(ids[:16])  # warm-up (page in the weights)
-    t = time.perf_counter()
-    timed = eng.score(ids)
-    wall = time.perf_counter() - t
-    sc = eng.score(ids, logits=True)  # the same rows again, with the raw logits for the KL
+    sc = eng.score(ids, logits=True)
     eng.close()
-    assert np.array_equal(sc.logprobs, timed.logprobs)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = {"model": str(path), "ids": ids, "threads": threads, "text": str(text_path), "add_bos": add_bos,
-               "out": os.path.join(tmp, "llama.npy")}
+               "out": os.path.join(tmp, "llama")}
         with open(os.path.join(tmp, "cfg.json"), "w") as f:
             json.dump(cfg, f)
         subprocess.run([anchor_python, "-c", LLAMA_SIDE, os.path.join(tmp, "cfg.json")], check=True)
-        ref_rows = np.load(cfg["out"], mmap_mode="r")
+        ref_rows = np.load(cfg["out"] + ".npy", mmap_mode="r")
+        fa_rows = np.load(cfg["out"] + "_fa.npy", mmap_mode="r")
         with open(cfg["out"] + ".json") as f:
             side = json.load(f)
         n = sc.n
@@ -110,14 +114,21 @@ def measure(name: str, text: str, text_path: Path, threads: int, anchor_python: 
         lp_ref = np.empty(n)
         top1_ref = np.empty(n, dtype=np.int64)
         kl = np.empty(n)
-        for a in range(0, n, 64):  # chunks: two [64 x n_vocab] float64 blocks at a time
+        kl_fa = np.empty(n)
+        lp_fa = np.empty(n)
+        agree_fa = np.empty(n, dtype=bool)
+        for a in range(0, n, 64):  # chunks: a few [64 x n_vocab] float64 blocks at a time
             b = min(n, a + 64)
             lr = log_softmax(np.asarray(ref_rows[a:b]))
             lo = log_softmax(sc.logits[a:b])
+            lf = log_softmax(np.asarray(fa_rows[a:b]))
             lp_ref[a:b] = lr[np.arange(b - a), nxt[a:b]]
+            lp_fa[a:b] = lf[np.arange(b - a), nxt[a:b]]
             top1_ref[a:b] = np.argmax(ref_rows[a:b], axis=1)
+            agree_fa[a:b] = np.argmax(fa_rows[a:b], axis=1) == top1_ref[a:b]
             kl[a:b] = np.sum(np.exp(lr) * (lr - lo), axis=1)
-        del ref_rows
+            kl_fa[a:b] = np.sum(np.exp(lr) * (lr - lf), axis=1)
+        del ref_rows, fa_rows
     ppl_ours, ppl_ref = sc.perplexity, float(np.exp(-lp_ref.mean()))
     return {"model": name, "file": path.name, "tokens": len(ids), "bos": add_bos,
             "same_tokenization": side["own_ids"] == ids,
@@ -125,7 +136,9 @@ def measure(name: str, text: str, text_path: Path, threads: int, anchor_python: 
             "top1_agree": float(np.mean(sc.top1 == top1_ref)),
             "kl_mean": float(kl.mean()), "kl_p99": float(np.percentile(kl, 99)), "kl_max": float(kl.max()),
             "dlogp_mean": float(np.mean(np.abs(sc.logprobs.astype(np.float64) - lp_ref))),
-            "ours_tok_s": len(ids) / wall, "llama_tok_s": len(ids) / side["eval_s"]}
+            "ours_tok_s": sc.tok_s, "llama_tok_s": len(ids) / side["eval_s"],
+            "fa_ppl_ratio": float(np.exp(-lp_fa.mean())) / ppl_ref, "fa_top1_agree": float(agree_fa.mean()),
+            "fa_kl_mean": float(kl_fa.mean())}
 
 
 def cpu_model() -> str:
@@ -166,7 +179,8 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump({"commit": commit, "cpu": cpu_model(), "threads": a.threads, "rows": rows}, f, indent=1)
     hdr = ("| model | tokens | same ids as llama.cpp's tokenizer | ppl ours | ppl llama.cpp | ratio | top-1 agree "
-           "| KL mean | KL p99 | KL max | mean abs dlogp | ours tok/s | llama.cpp tok/s |")
+           "| KL mean | KL p99 | KL max | mean abs dlogp | ours tok/s | llama.cpp tok/s "
+           "| llama.cpp FA vs llama.cpp: ppl ratio / top-1 / KL |")
     print()
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
@@ -174,7 +188,8 @@ def main(argv=None) -> int:
         print(f"| {r['model']} | {r['tokens']} | {'yes' if r['same_tokenization'] else 'no'} | {r['ppl_ours']:.3f} "
               f"| {r['ppl_llama']:.3f} | {r['ppl_ratio']:.4f} | {100 * r['top1_agree']:.1f}% | {r['kl_mean']:.5f} "
               f"| {r['kl_p99']:.5f} | {r['kl_max']:.4f} | {r['dlogp_mean']:.4f} | {r['ours_tok_s']:.0f} "
-              f"| {r['llama_tok_s']:.0f} |")
+              f"| {r['llama_tok_s']:.0f} | {r['fa_ppl_ratio']:.4f} / {100 * r['fa_top1_agree']:.1f}% "
+              f"/ {r['fa_kl_mean']:.5f} |")
     ok = all(abs(r["ppl_ratio"] - 1) < 0.01 and r["top1_agree"] >= 0.97 for r in rows)
     return 0 if ok and len(rows) == len(a.models) else 1
 

@@ -107,6 +107,27 @@ def test_score_alongside_other_requests_is_bit_identical(tiny_q):
         assert mixed.metrics["cached_tokens"] == 0  # a scoring request computes every position
 
 
+def test_a_long_score_leaves_room_for_another_prompts_last_row(tiny_q):
+    """The rows with logits in a step are bounded (32 here); a scoring request
+    takes what is left but one row per later prefill, so a short request
+    admitted with it gets its first token in the same step."""
+    core = _engine.Engine(_engine.Model(str(tiny_q.path)), n_slots=2, n_ctx=N_CTX, n_threads=1)
+    s = core.submit(_ids(150, 288, seed=1), max_tokens=0, score=True)
+    g = core.submit(_ids(6, 288, seed=2), max_tokens=1)
+    first = core.step()
+    assert [ev["type"] for ev in first if ev["id"] == g][:1] == ["token"]
+    scored = [ev for ev in first if ev["id"] == s and ev["type"] == "score"]
+    assert len(scored) == 1 and scored[0]["pos"] == 0 and len(scored[0]["logprob"]) == 31
+    n = len(scored[0]["logprob"])
+    while core.pending:
+        for ev in core.step():
+            if ev["type"] == "score":
+                assert ev["pos"] == n
+                n += len(ev["logprob"])
+    assert n == 149
+    core.close()
+
+
 def test_score_chunking_and_threads_do_not_change_results(tiny_q):
     ids = _ids(120, 288, seed=5)
     outs = []

@@ -915,10 +915,12 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             rows_decode++;
         }
     }
+    int later = n_prefilling;  /* prefilling requests from here on, each may need a row for its last token */
     for (int k = 0; k < e->n_order && n < e->params.n_batch; k++) {
         int idx = e->order[k];
         cb_request *r = &e->reqs[idx];
         if (r->state != RQ_PREFILL) continue;
+        later--;
         int left = r->n_prompt - r->n_prompt_done;
         int chunk = left < e->params.n_chunk ? left : e->params.n_chunk;
         if (chunk > e->params.n_batch - n) chunk = e->params.n_batch - n;
@@ -931,7 +933,10 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             int pos = r->n_prompt_done + j;
             int last = pos == r->n_prompt - 1;
             int wants = (last && r->max_tokens > 0) || (!last && r->score);
-            if (wants && n_logit >= e->ctx.n_logits) break;  /* no logits row left: the rest waits a step */
+            /* no logits row left: the rest waits a step (scored rows leave
+             * one for each later prefill, so a long score cannot hold back
+             * another prompt's last token) */
+            if (wants && n_logit >= e->ctx.n_logits - (last ? 0 : later)) break;
             sl->tokens[pos] = r->prompt[pos];
             e->b_tokens[n] = r->prompt[pos];
             e->b_pos[n] = pos;
