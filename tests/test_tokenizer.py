@@ -560,6 +560,8 @@ def test_engine_vocabulary_agrees(alias):
     stops = {"gemma3-270m": ("<end_of_turn>", "<eos>")}.get(alias, ("<|im_end|>", "<|endoftext|>"))
     for text in stops:
         assert model.token_is_eog(tk.token_to_id(text)), text
+    # the whole end-of-generation set, as llama.cpp has it (the fixture's), in C too
+    assert [i for i in range(model.n_vocab) if model.token_is_eog(i)] == sorted(tk.eog_ids) == data["vocab"]["eog"]
 
 
 def test_engine_reads_a_sentencepiece_vocabulary(tmp_path, make_tiny):

@@ -293,15 +293,34 @@ static int load_vocab(cb_model *m, char *err, size_t err_len) {
     m->tok_bytes = malloc(total ? total : 1);  /* decoding never grows a token */
     if (!m->tok_bytes) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
     uint32_t off = 0;
-    static const char *eog_text[] = { "<|eot_id|>", "<|im_end|>", "<|end|>", "<|endoftext|>",
-                                      "<end_of_turn>", "<|end_of_text|>", "<|eom_id|>", "<|return|>", "</s>" };
+    /* End of generation as llama.cpp's llama_vocab::load decides it (and
+     * colibri_lab/tokenizer.py, tested equal on the real files): any token
+     * with one of these texts, whatever its type; the eos / eot / eom ids;
+     * and the fill-in-the-middle pad, repo and file-separator tokens, by
+     * metadata key or else by the first of their texts found. */
+    static const char *eog_text[] = {
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+        "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>" /* DeepSeek, U+FF5C / U+2581 */, "[e~[" };
+    static const char *fim_key[3] = { "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
+                                      "tokenizer.ggml.fim_sep_token_id" };
+    static const char *fim_text[3][5] = {
+        { "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", NULL },
+        { "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>" },
+        { "<|file_sep|>", NULL, NULL, NULL, NULL } };
+    int fim_found[3][5];
+    for (int f = 0; f < 3; f++)
+        for (int t = 0; t < 5; t++) fim_found[f][t] = -1;
     for (int i = 0; i < n_vocab; i++) {
         cb_gguf_str s = tok->arr_str[i];
         m->tok_off[i] = off;
         off += (uint32_t)decode_token(spm, m->tok_type[i], (const uint8_t *)s.ptr, s.len, m->tok_bytes + off);
-        if (m->tok_type[i] == 3 || m->tok_type[i] == 4)
-            for (size_t k = 0; k < sizeof eog_text / sizeof eog_text[0]; k++)
-                if (str_eq(s, eog_text[k])) m->tok_eog[i] = 1;
+        for (size_t k = 0; k < sizeof eog_text / sizeof eog_text[0]; k++)
+            if (str_eq(s, eog_text[k])) m->tok_eog[i] = 1;
+        for (int f = 0; f < 3; f++)
+            for (int t = 0; t < 5; t++)
+                if (fim_text[f][t] && fim_found[f][t] < 0 && str_eq(s, fim_text[f][t])) fim_found[f][t] = i;
     }
     m->tok_off[n_vocab] = off;
     static const char *eog_keys[] = { "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
@@ -309,6 +328,15 @@ static int load_vocab(cb_model *m, char *err, size_t err_len) {
     for (size_t k = 0; k < sizeof eog_keys / sizeof eog_keys[0]; k++) {
         int64_t id;
         if (cb_gguf_get_int(g, eog_keys[k], &id, NULL, 0) == CB_OK && id >= 0 && id < n_vocab) m->tok_eog[id] = 1;
+    }
+    for (int f = 0; f < 3; f++) {
+        int64_t id;
+        if (cb_gguf_get_int(g, fim_key[f], &id, NULL, 0) == CB_OK) {
+            if (id >= 0 && id < n_vocab) m->tok_eog[id] = 1;
+            continue;
+        }
+        for (int t = 0; t < 5; t++)
+            if (fim_found[f][t] >= 0) { m->tok_eog[fim_found[f][t]] = 1; break; }
     }
     return CB_OK;
 }
