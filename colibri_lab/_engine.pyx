@@ -544,6 +544,17 @@ cdef class Matcher:
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")
         return bits[:self.n_vocab].astype(bool)
 
+    def fill_mask_words(self, cnp.ndarray[cnp.uint32_t, ndim=1] words not None, int budget=-1):
+        """Write the mask into a caller-owned uint32 array of (n_vocab + 31) // 32
+        words (bit t of word t >> 5 = token t allowed), no copy; returns the number
+        of allowed tokens.  For benchmarks and tools that keep one buffer."""
+        if words.shape[0] < (self.n_vocab + 31) // 32 or not words.flags.c_contiguous:
+            raise errors.InvalidRequestError("words must be a contiguous uint32 array of (n_vocab + 31) // 32")
+        rc = cb_matcher_fill_mask_budget(self.ptr, <uint32_t *>cnp.PyArray_DATA(words), budget)
+        if rc < 0:
+            _raise(rc, "fill_mask failed")
+        return rc
+
     def accept(self, int token):
         rc = cb_matcher_accept(self.ptr, token)
         if rc != CB_OK:

@@ -13,6 +13,7 @@ and generate or stream text through the scheduler.
 from __future__ import annotations
 
 import collections
+import json
 import hashlib
 import math
 import threading
@@ -44,6 +45,7 @@ class Completion:
     metrics: dict                   # per-request metrics, DESIGN.md names
     prompt_tokens: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)  # per token: token, logprob, top [(id, logprob)]
+    schema_ignored: list[dict] = field(default_factory=list)  # lenient json_schema: {keyword, path, reason} left out
 
     def __str__(self) -> str:
         return self.text
@@ -155,7 +157,8 @@ class Engine:
     def __init__(self, model: str = "smollm2", *, n_threads: int = 0, n_ctx: int = 2048, n_slots: int = 1,
                  n_batch: int = 0, n_chunk: int = 0, simd: str = "auto", prefix_reuse: bool = True,
                  max_queue: int = 256, draft_model: str | None = None, layer_skip: bool = False,
-                 skip_layers=None, kv_f16: bool = True, cross_vocab_draft: str | None = None):
+                 skip_layers=None, kv_f16: bool = True, cross_vocab_draft: str | None = None,
+                 lenient: bool = False):
         self.model_path = models.resolve(model)
         self.model_name = str(model)
         self.model = _engine.Model(str(self.model_path))
@@ -181,6 +184,8 @@ class Engine:
         self.scheduler = Scheduler(self.core, max_queue=max_queue)
         self._grammars: collections.OrderedDict[str, _engine.Grammar] = collections.OrderedDict()
         self._grammar_lock = threading.Lock()
+        self.lenient = bool(lenient)  # default for json_schema: leave out what cannot be enforced
+        self._schemas: collections.OrderedDict[tuple, object] = collections.OrderedDict()
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -253,16 +258,39 @@ class Engine:
                 self._grammars.popitem(last=False)
         return g
 
-    def _resolve_grammar(self, grammar, json_schema):
+    def convert_schema(self, json_schema, lenient: bool | None = None):
+        """JSON Schema -> colibri_lab.schema.Conversion (GBNF and what lenient mode
+        left out), cached by schema."""
+        from colibri_lab.schema import convert_schema
+
+        lenient = self.lenient if lenient is None else bool(lenient)
+        try:
+            key = (json.dumps(json_schema, sort_keys=True), lenient)
+        except (TypeError, ValueError):
+            return convert_schema(json_schema, lenient=lenient)  # raises the SchemaError
+        with self._grammar_lock:
+            conv = self._schemas.get(key)
+            if conv is not None:
+                self._schemas.move_to_end(key)
+                return conv
+        conv = convert_schema(json_schema, lenient=lenient)
+        with self._grammar_lock:
+            self._schemas[key] = conv
+            while len(self._schemas) > 64:
+                self._schemas.popitem(last=False)
+        return conv
+
+    def _resolve_grammar(self, grammar, json_schema, lenient=None):
+        """(compiled grammar or None, keywords lenient mode left out)."""
         if grammar is not None and json_schema is not None:
             raise InvalidRequestError("give either grammar or json_schema, not both")
+        ignored = []
         if json_schema is not None:
-            from colibri_lab.schema import schema_to_gbnf
-
-            grammar = schema_to_gbnf(json_schema)
+            conv = self.convert_schema(json_schema, lenient)
+            grammar, ignored = conv.gbnf, conv.ignored
         if grammar is None or isinstance(grammar, _engine.Grammar):
-            return grammar
-        return self.compile_grammar(grammar)
+            return grammar, ignored
+        return self.compile_grammar(grammar), ignored
 
     # ------------------------------------------------------------ generation
     def _prompt_ids(self, prompt) -> list[int]:
@@ -274,13 +302,15 @@ class Engine:
         return ids
 
     def submit(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
-               conversation: str | None = None, grammar=None, json_schema=None,
+               conversation: str | None = None, grammar=None, json_schema=None, lenient=None,
                **kw) -> tuple[list[int], RequestHandle, list[bytes]]:
         """Queue a request; returns (prompt ids, handle, stop strings as bytes).
 
         grammar: GBNF text (or a compiled Grammar); json_schema: a JSON Schema dict.
-        Either constrains the output with a hard token mask."""
-        g = self._resolve_grammar(grammar, json_schema)
+        Either constrains the output with a hard token mask.  lenient (default:
+        the Engine's): leave out the schema keywords that cannot be enforced
+        instead of refusing the schema; they are in handle.schema_ignored."""
+        g, ignored = self._resolve_grammar(grammar, json_schema, lenient)
         if g is not None:
             kw["grammar"] = g
         unknown = set(kw) - _SAMPLING_KEYS
@@ -297,6 +327,7 @@ class Engine:
             raise InvalidRequestError("stop strings must not be empty")
         handle = self.scheduler.submit(ids, conversation=conversation, max_tokens=max_tokens, stop=stops,
                                        n_logprobs=logprobs, **kw)
+        handle.schema_ignored = ignored
         return ids, handle, stops
 
     def generate(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
@@ -309,7 +340,9 @@ class Engine:
         ids, handle, stops = self.submit(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
                                          conversation=conversation, **kw)
         res = handle.result()
-        return self._completion(ids, res)
+        out = self._completion(ids, res)
+        out.schema_ignored = handle.schema_ignored
+        return out
 
     def _completion(self, ids, res) -> Completion:
         m = res["metrics"]

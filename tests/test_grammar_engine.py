@@ -131,3 +131,27 @@ def test_grammar_matcher_binding(eng):
                            b"ab".startswith(eng.model.token_bytes(t)) or
                            eng.model.token_bytes(t) in (b"abc", b"abd") for t in allowed)
     assert not m.is_accepting
+
+
+def test_lenient_engine_reports_what_it_ignored(eng):
+    schema = {"type": "object", "properties": {"when": {"type": "string", "format": "color"}},
+              "required": ["when"]}
+    with pytest.raises(SchemaError, match="'format'.*#/properties/when"):
+        eng.generate("x", json_schema=schema, max_tokens=4)
+    out = eng.generate("x", json_schema=schema, lenient=True, max_tokens=24)
+    assert out.schema_ignored == [{"keyword": "format", "path": "#/properties/when",
+                                   "reason": "format 'color' is not enforced"}]
+    assert eng.generate("x", json_schema={"type": "integer"}, max_tokens=4).schema_ignored == []
+
+
+def test_ambiguous_grammar_ends_with_a_clear_error(eng):
+    """An ambiguous grammar whose parse outgrows the matcher's bounds ends the
+    request with an error naming the cause (not a silent dead end), and the
+    engine keeps serving."""
+    from colibri_lab.errors import InvalidRequestError
+    a = eng.tokenize("a", add_special=False)
+    assert len(a) == 1
+    with pytest.raises(InvalidRequestError, match="too ambiguous"):
+        eng.generate("x", grammar='root ::= "a" root | "a" root root | ""', max_tokens=400,
+                     logit_bias={a[0]: 100.0})
+    assert "Paris" in eng.generate("The capital of France is", max_tokens=12).text

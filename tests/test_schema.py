@@ -727,3 +727,32 @@ def test_llama_cpp_parses_every_grammar():
             L.llama_sampler_free(smpl)
     finally:
         L.llama_model_free(model)
+
+
+# Arbitrary JSON documents as schemas: the converter returns a grammar or
+# raises SchemaError, nothing else, in bounded time (it runs on untrusted input).
+_KEYS = st.sampled_from(["type", "properties", "items", "prefixItems", "required", "enum", "const",
+                         "anyOf", "oneOf", "allOf", "not", "if", "then", "else", "$ref", "minimum",
+                         "maximum", "exclusiveMinimum", "multipleOf", "minLength", "maxLength",
+                         "pattern", "format", "minItems", "maxItems", "uniqueItems", "contains",
+                         "minContains", "maxContains", "patternProperties", "additionalProperties",
+                         "propertyNames", "minProperties", "maxProperties", "dependentRequired",
+                         "dependentSchemas", "dependencies", "unevaluatedProperties", "$defs", "a"])
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-5, 5, allow_nan=False) |
+    st.sampled_from(["string", "integer", "object", "array", "#", "#/$defs/a", "^a+$", "[", "date", "a"]),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(_KEYS, c, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON)
+def test_converter_fuzz_only_schema_errors(doc):
+    import time
+    t = time.perf_counter()
+    for lenient in (False, True):
+        try:
+            text = convert_schema(doc, lenient=lenient).gbnf
+        except SchemaError:
+            continue
+        assert text.startswith("root ::= ")
+    assert time.perf_counter() - t < 5

@@ -255,6 +255,66 @@ def _disjoint(a, b) -> bool:
     return False
 
 
+_COUNTS = {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+           "minContains", "maxContains"}
+_SCHEMA_MAPS = {"properties", "patternProperties", "dependentSchemas"}
+_ONE_SCHEMA = {"additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if",
+               "then", "else", "unevaluatedProperties", "unevaluatedItems"}
+
+
+def _is_schema(v) -> bool:
+    return isinstance(v, (dict, bool))
+
+
+def _checked_value(k, v, path):
+    """The value of validity keyword k, checked for the shape the
+    specification gives it (counts normalized to int); SchemaError otherwise."""
+    def bad():
+        raise SchemaError("bad value of JSON Schema keyword %r at %s" % (k, path))
+    num = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if k in _COUNTS:
+        if not num or v < 0 or not float(v).is_integer():
+            bad()
+        return int(v)
+    if k in ("minimum", "maximum"):
+        return v if num else bad()
+    if k in ("exclusiveMinimum", "exclusiveMaximum"):
+        return v if num or isinstance(v, bool) else bad()
+    if k == "multipleOf":
+        return v if num and v > 0 else bad()
+    if k in ("pattern", "format", "$ref", "$dynamicRef", "$recursiveRef"):
+        return v if isinstance(v, str) else bad()
+    if k == "uniqueItems":
+        return v if isinstance(v, bool) else bad()
+    if k == "required":
+        return v if isinstance(v, list) and all(isinstance(x, str) for x in v) else bad()
+    if k in _SCHEMA_MAPS:
+        return v if isinstance(v, dict) and all(_is_schema(x) for x in v.values()) else bad()
+    if k in _ONE_SCHEMA:
+        return v if _is_schema(v) else bad()
+    if k == "items":
+        return v if _is_schema(v) or (isinstance(v, list) and all(_is_schema(x) for x in v)) else bad()
+    if k == "prefixItems":
+        return v if isinstance(v, list) and all(_is_schema(x) for x in v) else bad()
+    if k in ("allOf", "anyOf", "oneOf"):
+        return v if isinstance(v, list) and v and all(_is_schema(x) for x in v) else bad()
+    if k == "type":
+        ts = [v] if isinstance(v, str) else v
+        if not isinstance(ts, list) or not ts or any(not isinstance(t, str) or t not in ALL_TYPES for t in ts):
+            raise SchemaError("unsupported 'type' %r at %s" % (v, path))
+        return v
+    if k in ("enum", NOT_ENUM):
+        return v if isinstance(v, list) else bad()
+    if k == "dependentRequired":
+        return v if isinstance(v, dict) and all(isinstance(x, list) and all(isinstance(y, str) for y in x)
+                                                for x in v.values()) else bad()
+    if k == "dependencies":
+        return v if isinstance(v, dict) and all(
+            _is_schema(x) or (isinstance(x, list) and all(isinstance(y, str) for y in x))
+            for x in v.values()) else bad()
+    return v
+
+
 class _Converter:
     def __init__(self, root, lenient: bool = False):
         self.root = root
@@ -359,6 +419,8 @@ class _Converter:
         if "$ref" in s and self.old_draft:
             return {"$ref": s["$ref"]}
         out = {k: v for k, v in s.items() if k in KEYWORD_TYPE}
+        for k in list(out):
+            out[k] = _checked_value(k, out[k], path)
         if "if" not in out:
             out.pop("then", None)
             out.pop("else", None)

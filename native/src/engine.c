@@ -646,8 +646,15 @@ static int sample_row(cb_engine *e, int idx, int lr) {
         r->mask_us += dt * 1e3;
         r->n_masks++;
         e->step_grammar_ms += dt;
-        if (allowed <= 0) {
-            error_event(e, idx, allowed < 0 ? allowed : CB_ERR_ARG,
+        if (allowed < 0) {
+            /* the grammar's input, not the engine, is at fault: an argument error */
+            error_event(e, idx, allowed == CB_ERR_NOMEM ? allowed : CB_ERR_ARG,
+                        "grammar too ambiguous to follow after %d tokens: its parse needs more stacks than the "
+                        "matcher's bounds (%s); make the grammar less ambiguous", r->n_gen, cb_status_str(allowed));
+            return -1;
+        }
+        if (allowed == 0) {
+            error_event(e, idx, CB_ERR_ARG,
                         "grammar dead end: no token can continue the output (%d tokens generated)", r->n_gen);
             return -1;
         }

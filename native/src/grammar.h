@@ -45,6 +45,7 @@ typedef struct {
     uint64_t transitions;     /* DFA transitions computed (slow path) */
     uint64_t gcs;             /* state-pool compactions */
     uint64_t budget_walks;    /* cb_matcher_fill_mask_budget calls whose budget cut the mask (a pruned walk) */
+    uint64_t plain_masks;     /* masks whose plain tokens were set by length (the fast path; see grammar_impl.h) */
     uint32_t n_states;        /* interned states now */
     uint32_t trie_size;       /* nodes in the grammar's vocabulary trie */
 } cb_matcher_stats;

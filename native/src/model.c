@@ -765,6 +765,7 @@ void cb_model_free(cb_model *m) {
     free(m->tok_off);
     free(m->tok_type);
     free(m->tok_eog);
+    gvocab_free(m->gvocab);
     free(m->packed);
     cb_gguf_close(&m->gguf);
     free(m);

@@ -61,6 +61,9 @@ typedef struct {
     float    *gate_inp_shexp; /* [n_embd] owned: the shared expert's scalar gate */
 } cb_layer;
 
+struct gvocab;
+void gvocab_free(struct gvocab *v);  /* grammar_vocab.c */
+
 struct cb_model {
     cb_gguf        gguf;         /* the mapping and its parsed header */
     cb_model_info  info;         /* hyperparameters */
@@ -87,6 +90,8 @@ struct cb_model {
     uint32_t      *tok_off;      /* [n_vocab + 1] owned */
     uint8_t       *tok_type;     /* [n_vocab] GGUF token types (1 if absent) */
     uint8_t       *tok_eog;      /* [n_vocab] 1 = ends generation */
+    struct gvocab *gvocab;       /* the vocabulary as grammars walk it: built on first use
+                                  * (grammar_vocab.c), shared by every grammar; owned */
     /* Quantized matrices in the AVX-512 panel layout (kernels.h), one block
      * that every packed cb_weight points into; NULL without AVX-512. */
     void          *packed;       /* owned */

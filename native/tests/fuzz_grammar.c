@@ -3,7 +3,7 @@
  *
  * As a libFuzzer target (no -DCB_FUZZ_MAIN):
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *         -Iinclude -Isrc tests/fuzz_grammar.c src/grammar.c -lm -o fuzz_grammar
+ *         -Iinclude -Isrc tests/fuzz_grammar.c src/grammar*.c -lm -o fuzz_grammar
  *   ./fuzz_grammar -max_total_time=60
  *
  * With -DCB_FUZZ_MAIN (what `make fuzz` / `make asan` build) it is a

@@ -1,6 +1,6 @@
 /*
  * test_grammar.c — GBNF parser, byte-level matcher and token masks
- * (native/src/grammar.c), over a small synthetic vocabulary.
+ * (native/src/grammar*.c), over a small synthetic vocabulary.
  *
  *   - ~25 malformed grammars: CB_ERR_FORMAT with "line L, column C" and the
  *     right line and a word naming the problem;
@@ -19,7 +19,7 @@
  *     still ends accepting within the budget (JSON, unbounded arrays,
  *     recursive objects, multibyte literals); saturation on huge grammars.
  *
- * Built alone (grammar.c only): add -DCB_GRAMMAR_STANDALONE.  With the full
+ * Built alone (src/grammar*.c only): add -DCB_GRAMMAR_STANDALONE.  With the full
  * library, CB_GRAMMAR_BENCH_GGUF=model.gguf also runs a mask benchmark over
  * the model's vocabulary (see bench()).
  */
@@ -306,6 +306,14 @@ static const char *JSON_GBNF =
     "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
 
+static const char *PLAIN_GRAMMARS[4] = {
+    "root ::= \"\\\"\" char* \"\\\"\" (\",\" \" \"? root)?\n"
+    "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
+    "root ::= \"\\\"\" [^\"\\\\\\x00-\\x1F]{0,5} \"\\\"\" \"x\"?",
+    "root ::= \"\\\"\" ([^\"\\\\\\x00-\\x1F] | \"\\\\n\"){2,} \"\\\"\" | \"ab\"+",
+    "root ::= [^\"\\\\\\x00-\\x1Fb]* \"!\"",
+};
+
 static void test_masks(void) {
     walk_check("root ::= \"abc\" | \"ab\" \"d\"*", 6, 12);
     walk_check("root ::= [a-c]+ \"(\" ([^()]* | \"(\" \")\")* \")\"", 6, 20);
@@ -314,6 +322,36 @@ static void test_masks(void) {
     walk_check("root ::= .{0,6} \"\\n\"", 6, 12);
     walk_check(JSON_GBNF, 10, 40);
     walk_check("root ::= \"a\"? \"a\"? \"a\"? \"b\"{2,5} \"x y\"?", 6, 12);
+    /* the plain-token fast path (every stack top admits all of P or none of
+     * it): JSON strings as the schema converter writes them, unbounded and
+     * with a length bound (a chain of distinct states that dies), and a
+     * class that admits only part of P (the fast path must not apply) */
+    for (int k = 0; k < 4; k++) walk_check(PLAIN_GRAMMARS[k], 10, 30);
+    cb_grammar *g = compile_ok(PLAIN_GRAMMARS[0]);
+    if (g) {
+        cb_matcher *m;
+        uint32_t mask[(MAXTOK + 31) / 32];
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        CHECK(cb_matcher_accept(m, '"') == CB_OK);
+        CHECK(cb_matcher_fill_mask(m, mask) > 0);
+        cb_matcher_stats st;
+        cb_matcher_get_stats(m, &st);
+        CHECK_MSG(st.plain_masks == 1, "fast path not taken inside a JSON string (%llu)", (unsigned long long)st.plain_masks);
+        cb_matcher_free(m);
+        cb_grammar_free(g);
+    }
+    g = compile_ok(PLAIN_GRAMMARS[3]);
+    if (g) {
+        cb_matcher *m;
+        uint32_t mask[(MAXTOK + 31) / 32];
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        CHECK(cb_matcher_fill_mask(m, mask) > 0);
+        cb_matcher_stats st;
+        cb_matcher_get_stats(m, &st);
+        CHECK(st.plain_masks == 0);
+        cb_matcher_free(m);
+        cb_grammar_free(g);
+    }
 }
 
 /* ------------------------------------------------------------ rollback, forced, dead ends */
@@ -788,6 +826,7 @@ static void test_budgets(void) {
     budget_walks(MULTIBYTE, 12, 20);
     budget_walks("root ::= p\np ::= \"(\" p \")\" p | \"a\" | \"\"", 12, 25);
     budget_walks("root ::= [a-b]{0,6000} \"!\"", 4, 3);
+    for (int k = 0; k < 4; k++) budget_walks(PLAIN_GRAMMARS[k], 10, 25);
 
     /* budgets across a state-pool collection: reference masks stay equal */
     cb_grammar *g = compile_ok("root ::= [a-b]{0,6000} (\"!\" | \"\xe6\x97\xa5\xe6\x9c\xac\")");
