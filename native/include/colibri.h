@@ -174,9 +174,13 @@ void cb_engine_get_params(const cb_engine *engine, cb_engine_params *params);
 
 /* --- grammars --- */
 
-/* A GBNF grammar compiled against a model's vocabulary: immutable, shared by
- * any number of requests (and engines over that model).  Compile once, reuse.
- * Syntax as llama.cpp's GBNF; the start rule is `root`. */
+/* A GBNF grammar compiled against a model's vocabulary, shared by any number
+ * of requests (and engines over that model), from any thread: its rules are
+ * read-only; the one mutable part is a cache of computed masks that its
+ * matchers share, guarded by a mutex inside the grammar.  The model builds
+ * its vocabulary trie once, at the first compile, and every grammar over the
+ * model uses it.  Compile once, reuse.  Syntax as llama.cpp's GBNF; the start
+ * rule is `root`. */
 typedef struct cb_grammar cb_grammar;
 
 /* Compile `text` (len bytes, UTF-8).  Errors are CB_ERR_FORMAT with a message
