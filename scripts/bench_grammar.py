@@ -21,8 +21,10 @@ accept it; one more mask after the last token (where EOS must be allowed).
 Ours through the package (`Matcher.fill_mask_words` into one uint32 bitmask,
 no conversion), xgrammar through GrammarMatcher.fill_next_token_bitmask,
 llguidance through llguidance.numpy.fill_next_token_bitmask.  Each walk is
-repeated --passes times, the engines in rotating order; the per-position
-median over passes is the sample.  All single-threaded.
+repeated --passes times, the engines in rotating order, each pass cold (a
+fresh matcher; ours also a fresh grammar, whose mask cache is shared by its
+matchers); the per-position median over passes is the sample.  All
+single-threaded.
 
 Compile time: ours = JSON Schema -> GBNF (colibri_lab.schema) + Grammar(model,
 gbnf) (the model's vocabulary trie is built once, before timing, as a
@@ -75,7 +77,10 @@ class Ours:
         pass
 
     def walk(self, g, tokens, eos):
-        m = g.matcher()
+        # a fresh grammar (untimed, ~0.5 ms): its shared mask cache would
+        # otherwise answer every pass after the first, and the walk would
+        # measure cache hits, not the first mask of each state
+        m = self._engine.Grammar(self.model, g.text).matcher()
         fill, acc, words = m.fill_mask_words, m.accept, self.words
         times, bad = [], None
         for i, t in enumerate(tokens + [eos]):
@@ -207,8 +212,15 @@ def vocab_bench(path, a, schemas, versions, missing):
     engines = [Ours(model)]
     hf_tok = None
     try:
+        import copy
+
+        import tokenizers
         from transformers import PreTrainedTokenizerFast
-        hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok._tk, eos_token=tok.id_to_token(eos))
+        # our tokenizer decodes in C (llama.cpp's pieces); the anchors read the
+        # vocabulary type from the HF decoder: byte-level BPE
+        tk = copy.deepcopy(tok._tk)
+        tk.decoder = tokenizers.decoders.ByteLevel()
+        hf_tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=tok.id_to_token(eos))
     except Exception as e:  # noqa: BLE001
         missing["transformers"] = f"{type(e).__name__}: {e}"
     import importlib.metadata as md

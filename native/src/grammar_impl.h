@@ -40,6 +40,7 @@
 #define M_HIST          64         /* accepted tokens that can be rolled back */
 #define M_MASK_CACHE    16         /* memoized masks */
 #define M_UNKNOWN       0xFFFFu
+#define M_PV_ANY        0xFFFFFFFFu /* partial code point whose every completion every kept stack accepts */
 
 #define ERR_FULL        (-100)     /* internal: state pool full, collect and retry */
 

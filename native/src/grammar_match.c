@@ -94,6 +94,19 @@ static int term_overlaps(const cb_grammar *g, const gelem *e, uint32_t lo, uint3
     return i < b && g->rng[2 * i] <= hi;
 }
 
+/* Does terminal e match every code point of [lo, hi]?  (Ranges sorted and
+ * disjoint; adjacent ranges may be split, which only makes this say no.) */
+static int term_covers(const cb_grammar *g, const gelem *e, uint32_t lo, uint32_t hi) {
+    if (e->type == GE_CHAR) return e->value == lo && lo == hi;
+    uint32_t a = g->cls_off[e->value], b = g->cls_off[e->value + 1];
+    uint32_t i = a, j = b;
+    while (i < j) {
+        uint32_t mid = i + (j - i) / 2;
+        if (g->rng[2 * mid + 1] < lo) i = mid + 1; else j = mid;
+    }
+    return i < b && g->rng[2 * i] <= lo && g->rng[2 * i + 1] >= hi;
+}
+
 static uint32_t hash_words(const uint32_t *w, uint32_t n, uint32_t seed) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ seed;
     for (uint32_t i = 0; i < n; i++) { h ^= w[i]; h *= 0x100000001B3ull; h ^= h >> 29; }
@@ -302,7 +315,7 @@ static int compute_trans(cb_matcher *m, uint16_t *sid, uint8_t byte) {
     m->stats.transitions++;
     uint32_t pval = s->pval;
     uint8_t prem = s->prem, plen = s->plen;
-    int full = 0;
+    int full = 0, any = pval == M_PV_ANY;
     if (prem == 0) {
         if (byte < 0x80) { pval = byte; full = 1; }
         else if ((byte & 0xE0) == 0xC0) { pval = byte & 0x1F; prem = 1; plen = 2; }
@@ -311,28 +324,43 @@ static int compute_trans(cb_matcher *m, uint16_t *sid, uint8_t byte) {
         else return 0;
     } else {
         if ((byte & 0xC0) != 0x80) return 0;
-        pval = (pval << 6) | (byte & 0x3F);
+        if (!any) pval = (pval << 6) | (byte & 0x3F);
         prem--;
-        if (prem == 0) { full = 1; if (pval < minv[plen]) return 0; }
+        if (prem == 0) {
+            full = 1;
+            /* overlong forms and surrogates are not UTF-8 */
+            if (!any && (pval < minv[plen] || (pval >= 0xD800 && pval <= 0xDFFF))) return 0;
+        }
     }
     const uint32_t *sw = P->arena + s->off;
     uint32_t snw = s->nwords;
     uint32_t nw = 0, ns = 0;
-    if (!full) {
+    if (!full && any) {
+        /* every stack's top admits every completion (see below): same stacks */
+        memcpy(m->out, sw, snw * sizeof *sw);
+        nw = snw;
+        ns = s->nstacks;
+    } else if (!full) {
         /* keep the stacks whose top can still match a code point starting
          * with these bytes: [lo, hi], clipped to what the length can encode */
-        uint32_t lo = pval << (6 * prem), hi = lo | ((1u << (6 * prem)) - 1);
-        if (lo < minv[plen]) lo = minv[plen];
-        if (hi > G_MAX_CP) hi = G_MAX_CP;
+        uint32_t lo0 = pval << (6 * prem), hi0 = lo0 | ((1u << (6 * prem)) - 1);
+        uint32_t lo = lo0 < minv[plen] ? minv[plen] : lo0, hi = hi0 > G_MAX_CP ? G_MAX_CP : hi0;
         if (lo > hi) return 0;
+        int covered = lo == lo0 && hi == hi0 && (hi < 0xD800 || lo > 0xDFFF);
         for (uint32_t i = 0; i < snw; i += 1 + sw[i]) {
             uint32_t len = sw[i];
             if (len == 0 || !term_overlaps(g, &g->el[sw[i + len]], lo, hi)) continue;
+            if (covered && !term_covers(g, &g->el[sw[i + len]], lo, hi)) covered = 0;
             memcpy(m->out + nw, sw + i, (1 + len) * sizeof *sw);
             nw += 1 + len;
             ns++;
         }
         if (!ns) return 0;
+        /* Every completion of these bytes is valid UTF-8 and matches every
+         * kept top: what follows cannot depend on which code point it is,
+         * so all such prefixes share one state (M_PV_ANY) instead of one per
+         * prefix (thousands on a CJK-rich vocabulary: the walk's slow part). */
+        if (covered) pval = M_PV_ANY;
     } else {
         uint32_t cp = pval;
         build_reset(m);
@@ -341,7 +369,7 @@ static int compute_trans(cb_matcher *m, uint16_t *sid, uint8_t byte) {
             uint32_t len = sw[i];
             if (len == 0) continue;
             uint32_t top = sw[i + len];
-            if (!term_overlaps(g, &g->el[top], cp, cp)) continue;
+            if (!any && !term_overlaps(g, &g->el[top], cp, cp)) continue;
             int j = build_push(m, sw + i + 1, len - 1, top + 1, !is_eos(&g->el[top + 1]), 0, 0);
             if (j < -1) return j;
             if (j >= 0) m->todo[nt++] = (uint32_t)j;

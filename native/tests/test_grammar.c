@@ -967,8 +967,43 @@ static void bench(const char *path) {
 }
 #endif
 
+/* Only UTF-8 gets through: surrogates and overlong forms are refused even by
+ * a class that admits every code point; a partial code point that every
+ * completion of which the grammar accepts is one state, whatever its bytes. */
+static void test_utf8_validity(void) {
+    cb_grammar *g = compile_ok("root ::= [\\x00-\\U0010FFFF]+");
+    if (!g) return;
+    const char *bad[] = {"\xED\xA0\x80", "\xED\xBF\xBF", "\xC0\xAF", "\xE0\x80\xAF", "\xF4\x90\x80\x80", "\xF8"};
+    const char *good[] = {"\xED\x9F\xBF", "\xEE\x80\x80", "\xF4\x8F\xBF\xBF", "\xC2\x80", "a"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cb_matcher *m;
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        CHECK_MSG(cb_matcher_accept_bytes(m, (const uint8_t *)bad[i], strlen(bad[i])) == CB_ERR_ARG, "accepted bad UTF-8 #%zu", i);
+        cb_matcher_free(m);
+    }
+    uint32_t k1[64], k2[64];
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        cb_matcher *m;
+        CHECK(cb_matcher_new(g, &m) == CB_OK);
+        CHECK_MSG(cb_matcher_accept_bytes(m, (const uint8_t *)good[i], strlen(good[i])) == CB_OK, "refused UTF-8 #%zu", i);
+        CHECK(cb_matcher_is_accepting(m));
+        cb_matcher_free(m);
+    }
+    /* two different 3-byte prefixes under a class admitting all completions: one state */
+    cb_matcher *a, *b;
+    CHECK(cb_matcher_new(g, &a) == CB_OK && cb_matcher_new(g, &b) == CB_OK);
+    CHECK(cb_matcher_accept_bytes(a, (const uint8_t *)"\xE6\x97", 2) == CB_OK);
+    CHECK(cb_matcher_accept_bytes(b, (const uint8_t *)"\xE4\xB8", 2) == CB_OK);
+    int n1 = cb_matcher_state_key(a, k1, 64), n2 = cb_matcher_state_key(b, k2, 64);
+    CHECK(n1 > 0 && n1 == n2 && memcmp(k1, k2, (size_t)n1 * 4) == 0);
+    cb_matcher_free(a);
+    cb_matcher_free(b);
+    cb_grammar_free(g);
+}
+
 int main(void) {
     make_vocab();
+    test_utf8_validity();
     test_errors();
     test_languages();
     test_masks();
