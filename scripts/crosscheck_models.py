@@ -13,7 +13,12 @@ The text is longer than gemma3's 512-token window, so its local layers
 slide; ours runs with n_batch 64 so that they keep a ring, and once more
 with every position kept (n_batch 512), which must give the same bits.
 
-    python scripts/crosscheck_models.py [--models gemma3-270m smollm2] [--threads 2] [--out docs/bench/models.md]
+    python scripts/crosscheck_models.py [--models gemma3-270m smollm2] [--threads 2] [--reference] [--out docs/bench/models.md]
+
+--reference also runs tests/reference.py (numpy, float32, f16 KV, no
+activation quantization: the exact math over the file's stored weights) on
+the text, and reports how close each engine is to it (minutes and ~3 GB
+for gemma3-270m).
 
 llama.cpp runs in a child process under ANCHOR_PYTHON (default
 /work/venv-anchors/bin/python: llama-cpp-python 0.3.36), which needs only
@@ -162,7 +167,22 @@ def ours_greedy(model, ids, n, threads):
     return out
 
 
-def check_model(alias, threads, tmp):
+def reference_text(path, ids):
+    """top-1 and log p(next) of the numpy reference (float32, f16 KV)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from reference import LlamaRef
+    ref = LlamaRef.from_gguf(path, dtype=np.float32, kv_f16=True)
+    cache = ref.new_cache(len(ids))
+    top1, lp = [], []
+    for a in range(0, len(ids), 128):
+        lg = ref.forward(ids[a:a + 128], a, cache)
+        top1.extend(int(i) for i in np.argmax(lg, axis=1))
+        ls = log_softmax(lg)
+        lp.extend(float(ls[j, ids[a + j + 1]]) for j in range(lg.shape[0]) if a + j + 1 < len(ids))
+    return np.array(top1), np.array(lp)
+
+
+def check_model(alias, threads, tmp, with_reference=False):
     from colibri_lab import _engine, models
     path = str(models.resolve(alias))
     dump = os.path.join(tmp, alias + ".npz")
@@ -185,6 +205,13 @@ def check_model(alias, threads, tmp):
                 ring_equals_full=bool(np.array_equal(top1_ring, top1_full) and np.array_equal(lp_ring, lp_full)),
                 kv_ring=kv_ring, kv_full=kv_full, n_swa=model.info.get("n_swa", 0), greedy=[],
                 t_anchor=t_anchor, t_ours=t_ours)
+    if with_reference:
+        t_r, lp_r = reference_text(path, ids)
+        rows["reference"] = dict(
+            ppl=float(np.exp(-lp_r.mean())),
+            top1_ours=float(np.mean(top1_ring[:-1] == t_r[:-1])), top1_ref=float(np.mean(ref["text_top1"][:-1] == t_r[:-1])),
+            dlp_ours=float(np.abs(lp_ring - lp_r).mean()), dlp_ref=float(np.abs(ref["text_lp"] - lp_r).mean()),
+            dlp_both=float(np.abs(lp_ring - ref["text_lp"]).mean()))
     for k in range(len(PROMPTS)):
         want = ref[f"p{k}_greedy"].tolist()
         got = ours_greedy(model, ref[f"p{k}_ids"].tolist(), N_GREEDY, threads)
@@ -198,7 +225,8 @@ def check_model(alias, threads, tmp):
 def render(results, commit, load_before, load_after, threads):
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), platform.processor())
     lines = ["# Real models against llama.cpp", "",
-             f"`python scripts/crosscheck_models.py --models {' '.join(r['alias'] for r in results)} --threads {threads}`, "
+             f"`python scripts/crosscheck_models.py --models {' '.join(r['alias'] for r in results)} --threads {threads}"
+             f"{' --reference' if any('reference' in r for r in results) else ''}`, "
              f"commit {commit}, {time.strftime('%Y-%m-%d')}, {cpu}, load average before {load_before}, after {load_after}. "
              "llama.cpp: llama-cpp-python 0.3.36 (`logits_all=True`, n_ctx 2048, its default f16 KV); ours: "
              "the same token ids (llama.cpp's tokenization, BOS as the file asks), f16 KV, n_batch 64 "
@@ -213,6 +241,18 @@ def render(results, commit, load_before, load_after, threads):
         lines.append(f"| {r['alias']} | {r['n_tokens']} | {r['n_swa'] or '-'} | {100 * r['top1']:.2f}% | {r['ppl_ours']:.3f} | "
                      f"{r['ppl_ref']:.3f} | {r['ppl_ours'] / r['ppl_ref']:.4f} | {'yes' if r['ring_equals_full'] else 'NO'} | "
                      f"{r['kv_ring'] / 2**20:.1f} / {r['kv_full'] / 2**20:.1f} MiB |")
+    if any("reference" in r for r in results):
+        lines += ["", "Against the numpy reference (`tests/reference.py`: float32 over the dequantized stored weights, "
+                  "f16 KV, no activation quantization, so the exact math of the file), same text: top-1 agreement with "
+                  "the reference and mean |log p(next token) - reference's| over the positions.", "",
+                  "| model | reference perplexity | top-1 = reference: ours | llama.cpp | mean abs. log-prob diff to reference: ours | llama.cpp | ours vs llama.cpp |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in results:
+            if "reference" not in r:
+                continue
+            q = r["reference"]
+            lines.append(f"| {r['alias']} | {q['ppl']:.3f} | {100 * q['top1_ours']:.2f}% | {100 * q['top1_ref']:.2f}% | "
+                         f"{q['dlp_ours']:.4f} | {q['dlp_ref']:.4f} | {q['dlp_both']:.4f} |")
     lines += ["", f"Greedy decoding, {N_GREEDY} tokens from each prompt (first divergence = index of the first "
               "differing token; gap = llama.cpp's top-2 logit difference there):", "",
               "| model | prompt | prompt tokens | greedy tokens equal | first divergence | llama.cpp top-2 gap there |",
@@ -221,7 +261,7 @@ def render(results, commit, load_before, load_after, threads):
         for g in r["greedy"]:
             pr = json.dumps(g["prompt"])[1:-1][:40]
             lines.append(f"| {r['alias']} | `{pr}` | {g['n_prompt']} | {'yes' if g['equal'] else 'no'} | "
-                         f"{'-' if g['equal'] else g['first_divergence']} | {'-' if g['equal'] else f'{g[chr(103) + chr(97) + chr(112)]:.3f}'} |")
+                         f"{'-' if g['equal'] else g['first_divergence']} | {'-' if g['equal'] else format(g['gap'], '.3f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +270,7 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", default=["gemma3-270m"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="write the markdown section here")
+    ap.add_argument("--reference", action="store_true", help="also compare both engines with tests/reference.py")
     ap.add_argument("--anchor", nargs=2, metavar=("MODEL", "NPZ"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.anchor:
@@ -239,7 +280,7 @@ def main(argv=None):
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     load_before = open("/proc/loadavg").read().split()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        results = [check_model(m, a.threads, tmp) for m in a.models]
+        results = [check_model(m, a.threads, tmp, a.reference) for m in a.models]
     load_after = open("/proc/loadavg").read().split()[0]
     text = render(results, commit, load_before, load_after, a.threads)
     print(text)
