@@ -333,8 +333,10 @@ def run_categories(make_engine, prompts: Mapping[str, Sequence], arms: Sequence[
                    repeats: int = 1, slow_arms: Mapping[str, int] | None = None, progress=None):
     """Plain vs speculative arms on every category's prompts, interleaved.
 
-    make_engine(arm) -> a fresh colibri_lab._engine.Engine for that arm (own
-    policy state per category: the policy learns the category from nothing).
+    make_engine(arm) -> the colibri_lab._engine.Engine for that arm, called
+    once per arm and category (a fresh one: the policy learns the category
+    from nothing; arms may share one, whose prefix reuse then saves the
+    prompt's prefill for the next arm on the same prompt).
     For each prompt the arms run back to back in an order that rotates with
     the prompt (ABBA-like), then the next prompt.  slow_arms {arm: n}: that
     arm runs on the first n prompts of each category only.
@@ -368,7 +370,7 @@ def run_categories(make_engine, prompts: Mapping[str, Sequence], arms: Sequence[
                         progress(cat, r, i)
             policy[cat] = {arm: c.spec_stats() for arm, c in cores.items() if arm != "plain"}
         finally:
-            for c in cores.values():
+            for c in {id(c): c for c in cores.values()}.values():
                 c.close()
     df = pd.DataFrame(rows)
     for c in df.columns:

@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default="plain,lookup,draft,cross_vocab,layer_skip,adaptive")
     ap.add_argument("--slow-prompts", type=int, default=4, help="layer_skip arm: first N prompts of a category")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--fresh-engines", action="store_true", help="an engine of its own for every arm")
     ap.add_argument("--llama-python", default="/work/venv-anchors/bin/python")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--save", default=os.path.join(bu.ROOT, "experiments", "results", "speculative_categories"))
@@ -141,19 +142,28 @@ def main(argv=None) -> int:
     from colibri_lab.tokenizer import Tokenizer
 
     cats = [c for c in a.categories.split(",") if c] or list(SPEC_CATEGORIES)
-    arms = [x for x in a.arms.split(",") if x]
+    arms = ["plain"] + [x for x in a.arms.split(",") if x and x != "plain"]
     load0 = bu.loadavg()
     info = bu.machine_info(a.threads)
     path = str(models.resolve(a.model))
     target = _engine.Model(path)
     meta = target.metadata()
     tok = Tokenizer.from_metadata(meta)
-    draft = _engine.Model(str(models.resolve(a.draft))) if "draft" in arms or "adaptive" in arms else None
-    cross = _engine.Model(str(models.resolve(a.cross))) if "cross_vocab" in arms or "adaptive" in arms else None
+    draft = _engine.Model(str(models.resolve(a.draft)))
+    cross = _engine.Model(str(models.resolve(a.cross)))
     cal = layer_skip_for(target, path, tok, n_threads=a.threads) if "layer_skip" in arms else None
     n_ctx = 2048
 
+    shared = {}
+
     def make_engine(arm):
+        """The single-source arms share one engine per category (its prefix reuse prefills each prompt once
+        for all of them; each source keeps its own policy record); adaptive and layer_skip get their own."""
+        if arm in ("plain", "lookup", "draft", "cross_vocab") and not a.fresh_engines:
+            if arm == "plain" or "core" not in shared:  # run_categories asks for "plain" first in each category
+                shared["core"] = _engine.Engine(target, n_slots=1, n_ctx=n_ctx, n_threads=a.threads,
+                                                draft_model=draft, xdraft_model=cross)
+            return shared["core"]
         kw = dict(n_slots=1, n_ctx=n_ctx, n_threads=a.threads)
         if arm in ("draft", "adaptive"):
             kw["draft_model"] = draft
@@ -163,7 +173,7 @@ def main(argv=None) -> int:
             kw["skip_layers"] = cal.skip_layers
         return _engine.Engine(target, **kw)
 
-    plain = make_engine("plain")
+    plain = _engine.Engine(target, n_slots=1, n_ctx=n_ctx, n_threads=a.threads)
     prompts = category_prompts(tok, meta["tokenizer.chat_template"], cats, a.per_category, plain_core=plain,
                                max_tokens=a.max_tokens)
     plain.close()
