@@ -209,10 +209,11 @@ def main(argv=None) -> int:
     out.append(f"Target {a.model} ({os.path.basename(path)}), greedy, batch 1, {a.threads} threads, max_tokens "
                f"{a.max_tokens}, {a.per_category} prompts per category, {a.repeats} repeat(s); arms interleaved per "
                f"prompt in rotating order; ours took {ours_s / 60:.1f} min. Draft model {a.draft}; cross-vocabulary "
-               f"draft {a.cross}; layer skip: the {len(cal.skip_layers) if cal else 0} blocks "
-               f"{cal.skip_layers if cal else []} chosen by the calibration (expected speedup "
-               f"{cal.expected_speedup if cal else 0:.2f}); the layer_skip arm ran on the first {a.slow_prompts} "
-               f"prompts of each category. Results saved in `{os.path.relpath(save_dir, bu.ROOT)}`.\n")
+               f"draft {a.cross}; "
+               + (f"layer skip: the {len(cal.skip_layers)} blocks {cal.skip_layers} chosen by the calibration "
+                  f"(expected speedup {cal.expected_speedup:.2f}); the layer_skip arm ran on the first "
+                  f"{a.slow_prompts} prompts of each category" if cal else "no layer_skip arm in this run")
+               + f". Results saved in `{os.path.relpath(save_dir, bu.ROOT)}`.\n")
     if cal:
         out.append("Layer-skip calibration (teacher-forced agreement with the full model over "
                    f"{cal.n_tokens} tokens; cost = measured pass time relative to the full model; verify cost "
