@@ -13,6 +13,7 @@ import numpy as np
 cimport numpy as cnp
 
 from colibri_lab import errors
+from colibri_lab.params import SPEC_SOURCES as SPEC_SOURCE_NAMES, RequestParams
 
 cnp.import_array()
 
@@ -210,29 +211,15 @@ DEF EVENT_CAP = 512
 
 SPEC_SOURCES = {"grammar": CB_SPEC_GRAMMAR, "prompt_lookup": CB_SPEC_LOOKUP, "draft": CB_SPEC_DRAFT,
                 "layer_skip": CB_SPEC_LAYERSKIP, "cross_vocab": CB_SPEC_XDRAFT}
-SPEC_SOURCE_ORDER = ("grammar", "prompt_lookup", "draft", "layer_skip", "cross_vocab")  # bit order
+SPEC_SOURCE_ORDER = SPEC_SOURCE_NAMES  # bit order = priority order (colibri_lab.params)
 MAX_LOGPROBS = CB_MAX_LOGPROBS   # most alternatives per token (sampling logprobs, scoring top)
-SPEC_KEYS = {"sources", "k_max", "adaptive", "ngram_max", "ngram_min"}
 
 SIMD_NAMES = {"scalar": CB_SIMD_SCALAR, "avx2": CB_SIMD_AVX2, "avx512": CB_SIMD_AVX512, "auto": CB_SIMD_AUTO}
 
 
 def _raise(int status, message):
-    """Raise the typed exception for a negative cb_status."""
-    msg = message or cb_status_str(status).decode()
-    if status == CB_ERR_UNSUPPORTED:
-        raise errors.UnsupportedModelError(msg)
-    if status in (CB_ERR_FORMAT, CB_ERR_IO):
-        raise errors.ModelLoadError(msg)
-    if status == CB_ERR_CONTEXT:
-        raise errors.ContextLengthExceededError(msg)
-    if status == CB_ERR_ARG:
-        raise errors.InvalidRequestError(msg)
-    if status == CB_ERR_FULL:
-        raise errors.QueueFullError(msg)
-    if status == CB_ERR_NOT_FOUND:
-        raise KeyError(msg)
-    raise errors.EngineError(msg)
+    """Raise the typed exception for a negative cb_status (errors.STATUS)."""
+    raise errors.from_status(status, message or cb_status_str(status).decode())
 
 
 cdef str _err_str(char *err):
@@ -450,35 +437,6 @@ cdef class Model:
         return b"".join(parts)
 
 
-cdef int _spec_params(dict spec, cb_spec_params *out) except -1:
-    """Fill cb_spec_params from {"sources": [...] | str, "k_max", "adaptive", "ngram_max", "ngram_min"}."""
-    unknown = set(spec) - SPEC_KEYS
-    if unknown:
-        raise errors.InvalidRequestError(f"unknown speculative setting(s): {', '.join(sorted(unknown))}")
-    out[0] = cb_spec_default_params()
-    sources = spec.get("sources", [])
-    if isinstance(sources, str):
-        sources = [sources]
-    bits = 0
-    for name in sources:
-        if name not in SPEC_SOURCES:
-            raise errors.InvalidRequestError(f"unknown speculative source {name!r}; expected one of {list(SPEC_SOURCE_ORDER)}")
-        bits |= SPEC_SOURCES[name]
-    out.sources = bits
-    for key in ("k_max", "ngram_max", "ngram_min"):
-        if key in spec:
-            v = spec[key]
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise errors.InvalidRequestError(f"speculative {key} must be an integer, got {v!r}")
-    if "adaptive" in spec and not isinstance(spec["adaptive"], bool):
-        raise errors.InvalidRequestError(f"speculative adaptive must be a boolean, got {spec['adaptive']!r}")
-    out.k_max = spec.get("k_max", out.k_max)
-    out.adaptive = 1 if spec.get("adaptive", True) else 0
-    out.ngram_max = spec.get("ngram_max", out.ngram_max)
-    out.ngram_min = spec.get("ngram_min", out.ngram_min)
-    return 0
-
-
 cdef class Grammar:
     """A GBNF grammar compiled against a model's vocabulary; reusable across requests."""
     cdef cb_grammar *ptr
@@ -581,29 +539,24 @@ cdef class Matcher:
 
 
 cdef dict _metrics_dict(const cb_request_metrics *m):
+    """The C fields of cb_request_metrics (colibri_lab.metrics.REQUEST, origin "c");
+    derived metrics are computed in colibri_lab.metrics, not here."""
     cdef int n = CB_SPEC_MAX_K
     while n > 0 and m.draft_n_pos[n - 1] == 0:  # trailing positions never tried
         n -= 1
-    n_pos = [m.draft_n_pos[i] for i in range(n)]
-    spec = dict(
+    return dict(
+        prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens, completion_tokens=m.completion_tokens,
+        queue_ms=m.queue_ms, ttft_ms=m.ttft_ms, prefill_ms=m.prefill_ms, decode_ms=m.decode_ms, e2e_ms=m.e2e_ms,
+        tpot_ms=m.tpot_ms, decode_tok_s=m.decode_tok_s, draft_n=m.draft_n, draft_accepted=m.draft_accepted,
         draft_steps=m.draft_steps,
-        accept_rate=(m.draft_accepted / m.draft_n) if m.draft_n else 0.0,
-        accept_len_mean=(1.0 + m.draft_accepted / m.draft_steps) if m.draft_steps else 0.0,
+        draft_n_by_pos=[m.draft_n_pos[i] for i in range(n)],
+        draft_accepted_by_pos=[m.draft_accepted_pos[i] for i in range(n)],
         draft_n_by_source={SPEC_SOURCE_ORDER[b]: m.draft_n_source[b] for b in range(CB_SPEC_N_SOURCES)
                            if m.draft_n_source[b]},
         draft_accepted_by_source={SPEC_SOURCE_ORDER[b]: m.draft_accepted_source[b] for b in range(CB_SPEC_N_SOURCES)
                                   if m.draft_n_source[b]},
-        draft_ms=m.draft_ms,
-        draft_time_share=(m.draft_ms / m.decode_ms) if m.decode_ms > 0 else 0.0,
-        draft_n_by_pos=n_pos,
-        draft_accepted_by_pos=[m.draft_accepted_pos[i] for i in range(len(n_pos))])
-    return dict(spec,
-        prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens, completion_tokens=m.completion_tokens,
-        queue_ms=m.queue_ms, ttft_ms=m.ttft_ms, prefill_ms=m.prefill_ms, decode_ms=m.decode_ms, e2e_ms=m.e2e_ms,
-        tpot_ms=m.tpot_ms, decode_tok_s=m.decode_tok_s, draft_n=m.draft_n, draft_accepted=m.draft_accepted,
-        grammar_mask_us=m.grammar_mask_us, experts_routed=m.experts_routed, experts_unique=m.experts_unique,
-        slot=m.slot, finish_reason=cb_finish_str(m.finish_reason).decode(),
-        stop_offset=m.stop_offset)
+        draft_ms=m.draft_ms, grammar_mask_us=m.grammar_mask_us, experts_routed=m.experts_routed, experts_unique=m.experts_unique,
+        slot=m.slot, finish_reason=cb_finish_str(m.finish_reason).decode(), stop_offset=m.stop_offset)
 
 
 cdef dict _score_dict(const cb_event *ev, int n_vocab):
@@ -637,7 +590,8 @@ cdef class Engine:
     cdef cb_event *events
     cdef readonly Model model
     cdef int n_vocab
-    cdef bint in_step
+    cdef bint in_step        # a thread is inside cb_engine_step / cb_engine_forward (GIL released)
+    cdef bint close_pending  # close() came during that call: the caller frees when it returns
     cdef dict _keep   # request id -> objects C points into (grammars) until the request ends
 
     def __cinit__(self):
@@ -645,6 +599,7 @@ cdef class Engine:
         self.events = NULL
         self._keep = {}
         self.in_step = False
+        self.close_pending = False
 
     cdef readonly Model draft_model
     cdef readonly Model xdraft_model
@@ -699,7 +654,16 @@ cdef class Engine:
             self.events = NULL
 
     def close(self):
-        """Free the engine now (KV cache, threads); the object becomes unusable."""
+        """Free the engine (KV cache, threads); the object becomes unusable.  Called
+        while another thread is inside step() or forward(), it only marks the
+        engine: that call frees it when the C step returns, never under it."""
+        if self.in_step:
+            self.close_pending = True
+        else:
+            self._free()
+
+    cdef _free(self):
+        self.close_pending = False
         if self.ptr != NULL:
             cb_engine_free(self.ptr)
             self.ptr = NULL
@@ -728,60 +692,68 @@ cdef class Engine:
             raise errors.ColibriError("engine is closed")
         return cb_engine_kv_bytes(self.ptr)
 
-    def submit(self, tokens, int max_tokens=16, int slot=-1, double temperature=0.0, int top_k=0,
-               double top_p=1.0, double min_p=0.0, double repeat_penalty=1.0, int repeat_last_n=64,
-               double presence_penalty=0.0, double frequency_penalty=0.0, seed=0, int n_logprobs=0,
-               logit_bias=None, stop=None, bint ignore_eos=False, bint return_logits=False,
-               bint copy_prefix=False, Grammar grammar=None, speculative=None, bint score=False):
-        """Queue a request; returns its id.  Bad parameters raise InvalidRequestError.
+    def submit(self, tokens, params=None, **kw):
+        """Queue a request; returns its id.  `params` is a colibri_lab.params.RequestParams,
+        copied as it is; without it the keywords build one (its defaults and bounds).
         score=True: teacher-forced scoring of the prompt; "score" events carry, per
         step, log p(prompt[i+1] | prompt[..i]) for a run of positions i (top
         n_logprobs alternatives each, raw logits rows with return_logits)."""
         self._check()
+        if params is None:
+            params = RequestParams.from_kwargs(**kw)
+        elif kw:
+            raise errors.InvalidRequestError("give either a RequestParams or keywords, not both")
         cdef cnp.ndarray[cnp.int32_t, ndim=1] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         cdef cb_request_params r = cb_request_default_params()
         cdef char err[ERR_LEN]
         cdef int64_t rid = 0
         cdef int rc, i
         err[0] = 0
-        stops = [s.encode() if isinstance(s, str) else bytes(s) for s in (stop or [])]
-        if len(stops) > CB_MAX_STOP:
-            raise errors.InvalidRequestError(f"at most {CB_MAX_STOP} stop strings, got {len(stops)}")
-        bias = dict(logit_bias or {})
+        stops = params.stop
+        bias = params.logit_bias
         cdef cnp.ndarray[cnp.int32_t, ndim=1] btok = np.array(list(bias.keys()), dtype=np.int32)
         cdef cnp.ndarray[cnp.float32_t, ndim=1] bval = np.array(list(bias.values()), dtype=np.float32)
         if toks.shape[0] == 0:
             raise errors.InvalidRequestError("a request needs at least one prompt token")
-        if not (0 <= int(seed) < 2 ** 64):
-            raise errors.InvalidRequestError(f"seed must be in [0, 2**64), got {seed}")
         r.tokens = <const int32_t *>cnp.PyArray_DATA(toks)
         r.n_tokens = toks.shape[0]
-        r.slot = slot
-        r.max_tokens = max_tokens
-        r.ignore_eos = ignore_eos
-        r.return_logits = return_logits
-        r.copy_prefix = copy_prefix
-        r.score = score
-        if grammar is not None:
+        r.slot = params.slot
+        r.max_tokens = params.max_tokens
+        r.ignore_eos = params.ignore_eos
+        r.return_logits = params.return_logits
+        r.copy_prefix = params.copy_prefix
+        r.score = params.score
+        cdef Grammar grammar = None
+        if params.grammar is not None:
+            if not isinstance(params.grammar, Grammar):
+                raise errors.InvalidRequestError("grammar must be a compiled Grammar (Engine.compile_grammar)")
+            grammar = params.grammar
             if grammar.model is not self.model:
                 raise errors.InvalidRequestError("the grammar was compiled for a different model")
             r.grammar = grammar.ptr
-        if speculative:
-            _spec_params(speculative, &r.spec)
+        sp = params.speculative
+        if sp is not None and sp.sources:
+            r.spec.sources = 0
+            for name in sp.sources:
+                r.spec.sources |= SPEC_SOURCES[name]
+            r.spec.k_max = sp.k_max
+            r.spec.adaptive = 1 if sp.adaptive else 0
+            r.spec.ngram_max = sp.ngram_max
+            r.spec.ngram_min = sp.ngram_min
         r.n_stop = len(stops)
         for i in range(len(stops)):
             r.stop[i] = <const char *>stops[i]
             r.stop_len[i] = len(stops[i])
-        r.sampling.temperature = temperature
-        r.sampling.top_k = top_k
-        r.sampling.top_p = top_p
-        r.sampling.min_p = min_p
-        r.sampling.repeat_penalty = repeat_penalty
-        r.sampling.repeat_last_n = repeat_last_n
-        r.sampling.presence_penalty = presence_penalty
-        r.sampling.frequency_penalty = frequency_penalty
-        r.sampling.seed = <uint64_t>int(seed)
-        r.sampling.n_logprobs = n_logprobs
+        r.sampling.temperature = params.temperature
+        r.sampling.top_k = params.top_k
+        r.sampling.top_p = params.top_p
+        r.sampling.min_p = params.min_p
+        r.sampling.repeat_penalty = params.repeat_penalty
+        r.sampling.repeat_last_n = params.repeat_last_n
+        r.sampling.presence_penalty = params.presence_penalty
+        r.sampling.frequency_penalty = params.frequency_penalty
+        r.sampling.seed = <uint64_t>params.seed
+        r.sampling.n_logprobs = params.n_logprobs
         r.sampling.n_logit_bias = len(bias)
         if len(bias):
             r.sampling.logit_bias_tokens = <const int32_t *>cnp.PyArray_DATA(btok)
@@ -808,15 +780,23 @@ cdef class Engine:
     def step(self):
         """One scheduling step (GIL released); returns the list of event dicts."""
         self._check()
-        cdef int n, i, j
-        cdef cb_event *ev
-        cdef cnp.ndarray[cnp.float32_t, ndim=1] lg
+        cdef int n
         self.in_step = True
         try:
             with nogil:
                 n = cb_engine_step(self.ptr, self.events, EVENT_CAP)
         finally:
             self.in_step = False
+        try:
+            return self._events_out(n)
+        finally:   # events point into the engine (logits): freed only once they are copied
+            if self.close_pending:
+                self._free()
+
+    cdef list _events_out(self, int n):
+        cdef int i, j
+        cdef cb_event *ev
+        cdef cnp.ndarray[cnp.float32_t, ndim=1] lg
         if n < 0:
             _raise(n, "step failed")
         out = []
@@ -824,7 +804,7 @@ cdef class Engine:
             ev = &self.events[i]
             if ev.type == CB_EVENT_TOKEN:
                 d = {"type": "token", "id": ev.id, "token": ev.token, "logprob": ev.logprob,
-                     "draft_accepted": bool(ev.drafted)}
+                     "drafted": bool(ev.drafted)}
                 if ev.n_top:
                     d["top"] = [(ev.top_tokens[j], ev.top_logprobs[j]) for j in range(ev.n_top)]
                 if ev.logits != NULL:
@@ -882,10 +862,11 @@ cdef class Engine:
             cb_engine_spec_stats(self.ptr, SPEC_SOURCES[name], &st)
             n = max([i + 1 for i in range(CB_SPEC_MAX_K) if st.tried_pos[i]] or [0])
             out[name] = dict(drafts=st.drafts, draft_tokens=st.draft_tokens, accepted_tokens=st.accepted_tokens,
-                             accept_rate=(st.accepted_tokens / st.draft_tokens) if st.draft_tokens else 0.0,
+                             accept_rate=(st.accepted_tokens / st.draft_tokens) if st.draft_tokens else float("nan"),
                              tried_by_pos=[st.tried_pos[i] for i in range(n)],
                              accepted_by_pos=[st.accepted_pos[i] for i in range(n)],
-                             accept_rate_pos=[st.accept_rate_pos[i] for i in range(n)],
+                             # the policy's smoothed P(accept at i | accepted before), not a ratio of counts
+                             policy_accept_rate_pos=[st.accept_rate_pos[i] for i in range(n)],
                              k=st.k, expected_gain=st.expected_gain, paused=bool(st.paused), draft_ms=st.draft_ms,
                              decisions=st.decisions, declined=st.declined, decline_rate=st.decline_rate)
         return out
@@ -929,6 +910,8 @@ cdef class Engine:
                 rc = cb_engine_forward(self.ptr, slot, tp, n, pos, op, err, ERR_LEN)
         finally:
             self.in_step = False
+            if self.close_pending:
+                self._free()
         if rc != CB_OK:
             _raise(rc, _err_str(err))
         return out
@@ -960,11 +943,13 @@ cdef class Engine:
                 rc = cb_engine_forward_argmax(self.ptr, slot, tp, n, pos, mp, op, err, ERR_LEN)
         finally:
             self.in_step = False
+            if self.close_pending:
+                self._free()
         if rc != CB_OK:
             _raise(rc, _err_str(err))
         return out
 
-    # ---- BEGIN experts API (issue 8)
+    # ---- experts (MoE models)
     def expert_counts(self):
         """Rows routed to each (layer, expert) over the engine's life: int64 [n_layer, n_expert]
         (shape [n_layer, 0] for a dense model)."""
@@ -987,4 +972,3 @@ cdef class Engine:
         cdef int rc = cb_engine_route_trace(self.ptr, bp, err, ERR_LEN)
         if rc != CB_OK:
             _raise(rc, _err_str(err))
-    # ---- END experts API

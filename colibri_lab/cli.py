@@ -20,8 +20,6 @@ import sys
 from colibri_lab import models
 from colibri_lab.errors import ColibriError
 
-_METRIC_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms", "ttft_ms", "prefill_ms",
-                "decode_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "finish_reason", "slot")
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -58,7 +56,9 @@ def _print_result(eng, text: str, metrics: dict, as_json: bool, streamed: bool) 
         print()
     print("-" * 60)
     print(f"model {eng.model_name}  simd {eng.params['simd']}  threads {eng.params['n_threads']}")
-    for k in _METRIC_KEYS:
+    from colibri_lab.metrics import REQUEST_SCALARS
+
+    for k in REQUEST_SCALARS:
         v = metrics.get(k)
         print(f"{k:>18}  {v:.2f}" if isinstance(v, float) else f"{k:>18}  {v}")
 

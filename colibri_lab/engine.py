@@ -23,16 +23,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from colibri_lab import _engine, chat as chat_mod, models
+from colibri_lab.decode import Decoder
 from colibri_lab.errors import EngineError, InvalidRequestError
+from colibri_lab.params import RequestParams
 from colibri_lab.scheduler import RequestHandle, Scheduler
 from colibri_lab.tokenizer import Tokenizer
 
-# Engine.submit keyword names a caller may pass through generate/stream/chat.
-_SAMPLING_KEYS = {
-    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-    "presence_penalty", "frequency_penalty", "seed", "logit_bias", "ignore_eos",
-    "return_logits", "copy_prefix", "slot", "grammar", "speculative",
-}
 
 
 @dataclass
@@ -42,7 +38,7 @@ class Completion:
     text: str                       # decoded output (cut before a matched stop string)
     tokens: list[int]               # completion token ids (the EOG token is not included)
     finish_reason: str              # "stop" | "length" | "cancelled" | "context"
-    metrics: dict                   # per-request metrics, DESIGN.md names
+    metrics: dict                   # per-request metrics (colibri_lab.metrics.REQUEST)
     prompt_tokens: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)  # per token: token, logprob, top [(id, logprob)]
     schema_ignored: list[dict] = field(default_factory=list)  # lenient json_schema: {keyword, path, reason} left out
@@ -86,57 +82,6 @@ class ScoreResult:
         """Tokens scored per second: prompt tokens over the request's prefill time."""
         ms = self.metrics.get("prefill_ms") or 0.0
         return len(self.ids) * 1e3 / ms if ms > 0 else float("nan")
-
-
-class _Utf8Stream:
-    """Turns token bytes into text pieces that never split a UTF-8 character
-    and never show bytes that might still turn out to be part of a stop string."""
-
-    def __init__(self, stops: Sequence[bytes]):
-        self.buf = b""        # all output bytes so far
-        self.emitted = 0      # bytes already handed out
-        self.stops = [s for s in stops if s]
-
-    def _held_back(self) -> int:
-        hold = 0
-        for s in self.stops:
-            for j in range(min(len(s) - 1, len(self.buf)), 0, -1):
-                if self.buf.endswith(s[:j]):
-                    hold = max(hold, j)
-                    break
-        return hold
-
-    def feed(self, data: bytes) -> str:
-        self.buf += data
-        end = len(self.buf) - self._held_back()
-        for s in self.stops:  # a stop string completed by this token: never show it
-            i = self.buf.find(s, max(0, self.emitted - len(s) + 1))
-            if i >= 0:
-                end = min(end, i)
-        return self._take(end)
-
-    def finish(self, stop_offset: int) -> str:
-        end = stop_offset if stop_offset >= 0 else len(self.buf)
-        return self._take(end, final=True)
-
-    def _take(self, end: int, final: bool = False) -> str:
-        if end <= self.emitted:
-            return ""
-        chunk = self.buf[self.emitted:end]
-        if not final:
-            # do not cut inside a UTF-8 sequence: drop an incomplete tail
-            cut = len(chunk)
-            for back in range(1, min(4, len(chunk)) + 1):
-                b = chunk[-back]
-                if b & 0xC0 == 0x80:
-                    continue  # continuation byte: look further back for the lead
-                need = 1 if b < 0x80 else 2 if b >> 5 == 6 else 3 if b >> 4 == 14 else 4 if b >> 3 == 30 else 1
-                if need > back:
-                    cut = len(chunk) - back
-                break
-            chunk = chunk[:cut]
-        self.emitted += len(chunk)
-        return chunk.decode("utf-8", errors="replace")
 
 
 class Engine:
@@ -188,9 +133,12 @@ class Engine:
         self._schemas: collections.OrderedDict[tuple, object] = collections.OrderedDict()
 
     # ------------------------------------------------------------ lifecycle
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the scheduler (waiting up to `timeout` s for a running step) and
+        free the engine.  A step still running then keeps the engine alive
+        until it returns: the core frees itself after it (never under it)."""
         if getattr(self, "scheduler", None) is not None:
-            self.scheduler.close()
+            self.scheduler.close(timeout)
             self.scheduler = None
         if getattr(self, "core", None) is not None:
             self.core.close()
@@ -302,33 +250,28 @@ class Engine:
         return ids
 
     def submit(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
-               conversation: str | None = None, grammar=None, json_schema=None, lenient=None,
+               conversation: str | None = None, grammar=None, json_schema=None, lenient=None, sink=None,
                **kw) -> tuple[list[int], RequestHandle, list[bytes]]:
         """Queue a request; returns (prompt ids, handle, stop strings as bytes).
 
-        grammar: GBNF text (or a compiled Grammar); json_schema: a JSON Schema dict.
-        Either constrains the output with a hard token mask.  lenient (default:
-        the Engine's): leave out the schema keywords that cannot be enforced
-        instead of refusing the schema; they are in handle.schema_ignored."""
+        The keywords are colibri_lab.params.RequestParams fields (temperature,
+        top_k, top_p, min_p, penalties, seed, logit_bias, slot, speculative, ...),
+        validated there; max_tokens=None means the rest of the context.
+        grammar: GBNF text (or a compiled Grammar); json_schema: a JSON Schema
+        dict.  Either constrains the output with a hard token mask.  lenient
+        (default: the Engine's): leave out the schema keywords that cannot be
+        enforced instead of refusing the schema; they are in handle.schema_ignored.
+        sink(event): receives the events on the scheduler thread instead of
+        the handle's queue (see Scheduler)."""
         g, ignored = self._resolve_grammar(grammar, json_schema, lenient)
-        if g is not None:
-            kw["grammar"] = g
-        unknown = set(kw) - _SAMPLING_KEYS
-        if unknown:
-            raise InvalidRequestError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
         ids = self._prompt_ids(prompt)
-        n_ctx = self.params["n_ctx"]
         if max_tokens is None:
-            max_tokens = max(0, n_ctx - len(ids))
-        if isinstance(stop, (str, bytes)):
-            stop = [stop]
-        stops = [s.encode() if isinstance(s, str) else bytes(s) for s in (stop or [])]
-        if any(not s for s in stops):
-            raise InvalidRequestError("stop strings must not be empty")
-        handle = self.scheduler.submit(ids, conversation=conversation, max_tokens=max_tokens, stop=stops,
-                                       n_logprobs=logprobs, **kw)
+            max_tokens = max(0, self.params["n_ctx"] - len(ids))
+        params = RequestParams.from_kwargs(max_tokens=max_tokens, stop=stop or (), n_logprobs=logprobs,
+                                           grammar=g, **kw)
+        handle = self.scheduler.submit(ids, params, conversation=conversation, sink=sink)
         handle.schema_ignored = ignored
-        return ids, handle, stops
+        return ids, handle, list(params.stop)
 
     def generate(self, prompt, *, max_tokens: int | None = 256, stop=None, logprobs: int = 0,
                  conversation: str | None = None, **kw) -> Completion:
@@ -346,10 +289,8 @@ class Engine:
 
     def _completion(self, ids, res) -> Completion:
         m = res["metrics"]
-        data = self.model.detokenize_bytes(res["tokens"])
-        if m["stop_offset"] >= 0:
-            data = data[:m["stop_offset"]]
-        return Completion(text=data.decode("utf-8", errors="replace"), tokens=res["tokens"],
+        text = Decoder.decode(self.model.token_bytes, res["tokens"], m["stop_offset"]).text
+        return Completion(text=text, tokens=res["tokens"],
                           finish_reason=m["finish_reason"], metrics=m, prompt_tokens=ids,
                           logprobs=res["logprobs"])
 
@@ -404,14 +345,14 @@ class Engine:
         generator early cancels the request."""
         ids, handle, stops = self.submit(prompt, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
                                          conversation=conversation, **kw)
-        dec = _Utf8Stream(stops)
+        dec = Decoder(self.model.token_bytes, stops)
         finished = False
         try:
             for ev in handle:
                 if ev["type"] == "token":
-                    text = dec.feed(self.model.token_bytes(ev["token"]))
+                    text = dec.feed(ev["token"])
                     yield {"text": text, "token": ev["token"], "logprob": ev["logprob"], "top": ev.get("top", []),
-                           "draft_accepted": ev.get("draft_accepted", False)}
+                           "drafted": ev.get("drafted", False)}
                 elif ev["type"] == "done":
                     finished = True
                     m = ev["metrics"]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-PHASES = ("matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms", "other_ms")
+from colibri_lab.metrics import PHASES  # a partition of step_ms: the stacked bars add up to it
 
 
 def _axes(ax=None, figsize=(6.4, 4.0)):
@@ -120,10 +120,10 @@ def throughput_vs_concurrency(df, x: str = "concurrency", by: str | None = None,
 
 
 def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
-    """Draft acceptance rate by draft position (1 = first drafted token), one
+    """Draft acceptance rate by draft position (0 = first drafted token), one
     bar group per position, one bar per group (variant); the legend gives how
     many drafted tokens each group had verified.  The engine verifies position
-    i only when positions 1..i-1 were accepted, so the rate at i is
+    i only when positions 0..i-1 were accepted, so the rate at i is
     P(accept at i | accepted before i).
 
     `df` is either the request table (or Results) with the runner's
@@ -131,8 +131,8 @@ def acceptance_by_position(df, by: str | None = "variant", ax=None) -> Figure:
     draft_n_by_pos / draft_accepted_by_pos metrics), or long-form with columns
     position, drafted, accepted [, variant] (counts summed per position, as
     vLLM's spec_decode_num_accepted_tokens_per_pos)."""
-    from colibri_lab.experiments.results import POS_PREFIXES
     from colibri_lab.experiments.stats import acceptance_by_position as _table
+    from colibri_lab.metrics import POS_PREFIXES
 
     df = _requests(df)
     need = {"position", "drafted", "accepted"}
@@ -200,9 +200,9 @@ def prefix_hit_ratio_by_turn(df, by: str | None = "variant", ax=None) -> Figure:
 
 def step_breakdown(steps, by: str = "variant", phases: Sequence[str] = PHASES, kind: str = "mean",
                    ax=None) -> Figure:
-    """Stacked bars of per-step time by phase (matmul, attention, lm_head,
-    sampling, grammar, draft, other): mean (or total with kind="total") ms per
-    step for each group."""
+    """Stacked bars of per-step time by phase (colibri_lab.metrics.PHASES, a
+    partition of step_ms, so a bar's height is the step time): mean (or total
+    with kind="total") ms per step for each group."""
     st = _steps(steps)
     fig, ax = _axes(ax)
     phases = [p for p in phases if p in st.columns]

@@ -11,42 +11,49 @@ raises QueueFullError at once instead of letting latency grow without limit.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
-from colibri_lab.errors import (
-    ColibriError,
-    ContextLengthExceededError,
-    EngineError,
-    InvalidRequestError,
-    QueueFullError,
-)
+from colibri_lab import metrics as schema
+from colibri_lab.errors import ColibriError, EngineError, InvalidRequestError, QueueFullError, from_status
+from colibri_lab.params import RequestParams
 
-_CONTEXT_STATUS = -7  # CB_ERR_CONTEXT
-# statuses of an error event that the request itself caused (its grammar hit a
-# dead end or outgrew the matcher's limits): the client's fault, not the engine's
-_REQUEST_STATUSES = (-2, -3, -5)  # CB_ERR_FORMAT, CB_ERR_UNSUPPORTED, CB_ERR_ARG
 _DRAIN_WINDOW_S = 60.0  # Retry-After is computed from completions in this window
 
 
 @dataclass
 class _Pending:
     tokens: list
-    params: dict
+    params: RequestParams
     handle: "RequestHandle"
     conversation: str | None
     t_submit: float = field(default_factory=time.perf_counter)
 
 
-class RequestHandle:
-    """A submitted request: an iterator over its events, and its final result."""
+@dataclass
+class _Active:
+    handle: "RequestHandle"
+    py_queue_ms: float           # Scheduler.submit -> handed to C
+    conversation: str | None
+    token_times: list = field(default_factory=list)   # perf_counter of each token event
 
-    def __init__(self, scheduler: "Scheduler"):
+
+class RequestHandle:
+    """A submitted request: its events, and its final result.
+
+    Events go to the `sink` given at submit (a callable run on the scheduler's
+    thread, which must not block), or, without one, to a queue that iterating
+    the handle reads."""
+
+    def __init__(self, scheduler: "Scheduler", sink=None):
         self._scheduler = scheduler
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._sink = sink
+        self._events: queue.SimpleQueue | None = queue.SimpleQueue() if sink is None else None
         self._done = threading.Event()
         self.id: int | None = None  # engine request id once submitted to C
         self.tokens: list[int] = []
@@ -58,6 +65,8 @@ class RequestHandle:
 
     def __iter__(self):
         """Yield event dicts ({"type": "token"|"score"|"done"|"error", ...}) until the request ends."""
+        if self._events is None:
+            raise ColibriError("this request's events go to the sink it was submitted with")
         while True:
             ev = self._events.get()
             yield ev
@@ -90,31 +99,39 @@ class RequestHandle:
             self.scores.append(ev)
         elif ev["type"] == "done":
             self.metrics = ev["metrics"]
-        elif ev["type"] == "error":
-            msg = ev["message"]
-            st = ev.get("status")
-            cls = (ContextLengthExceededError if st == _CONTEXT_STATUS else
-                   InvalidRequestError if st in _REQUEST_STATUSES else EngineError)
-            self.error = cls(msg)
+        elif ev["type"] == "error" and self.error is None:
+            self.error = from_status(ev["status"], ev["message"], event=True)
         if ev["type"] in ("done", "error") and not self._done.is_set():
             self._scheduler._release()
-        self._events.put(ev)
+        if self._sink is not None:
+            try:
+                self._sink(ev)
+            except Exception:  # a broken sink must not stop the engine for everyone else
+                traceback.print_exc()
+        else:
+            self._events.put(ev)
         if ev["type"] in ("done", "error"):
             self._done.set()
+
+    def _fail(self, exc: Exception) -> None:
+        """End the request with an error raised outside the engine (refused at
+        submit, engine failure, scheduler closed)."""
+        self.error = exc
+        self._deliver({"type": "error", "id": self.id, "status": None, "message": str(exc)})
 
 
 class Scheduler:
     """Drives a `colibri_lab._engine.Engine` from a dedicated thread.
 
     step_log keeps the per-step profile of the last `step_log_size` steps
-    (DESIGN.md step metrics) for experiments and the server's /profile."""
+    (colibri_lab.metrics.STEP) for experiments and the server's /profile."""
 
     def __init__(self, core, max_queue: int = 256, step_log_size: int = 4096):
         self._core = core
         self._n_slots = core.params["n_slots"]
         self._max_queue = max_queue
         self._incoming: collections.deque[_Pending] = collections.deque()
-        self._active: dict[int, tuple[RequestHandle, float, str | None, float]] = {}
+        self._active: dict[int, _Active] = {}
         self._to_cancel: list[RequestHandle] = []
         self._calls: list[tuple] = []  # (fn, done Event, result box) run on the owner thread
         self._conversation_slot: dict[str, int] = {}
@@ -128,9 +145,16 @@ class Scheduler:
         self._thread.start()
 
     # ---------------------------------------------------------------- API
-    def submit(self, tokens, conversation: str | None = None, **params) -> RequestHandle:
-        """Queue a request (engine.submit keyword parameters).  Raises QueueFullError when full."""
-        handle = RequestHandle(self)
+    def submit(self, tokens, params: RequestParams | None = None, conversation: str | None = None, sink=None,
+               **kw) -> RequestHandle:
+        """Queue a request (a RequestParams, or its fields as keywords).  Raises
+        QueueFullError when full.  sink(event) receives the request's events on
+        the scheduler thread (see RequestHandle)."""
+        if params is None:
+            params = RequestParams.from_kwargs(**kw)
+        elif kw:
+            raise ColibriError("give either a RequestParams or keywords, not both")
+        handle = RequestHandle(self, sink)
         with self._cv:
             if self._closed:
                 raise ColibriError("scheduler is closed")
@@ -261,63 +285,62 @@ class Scheduler:
                 if h.id is not None and h.id in self._active:
                     core.cancel(h.id)
                 elif h.id is None and not h._done.is_set():
-                    h._deliver({"type": "done", "id": None, "metrics": _cancelled_metrics(len(h.tokens))})
+                    h._deliver({"type": "done", "id": None, "t": time.perf_counter(),
+                                "metrics": schema.empty_request("cancelled", len(h.tokens))})
             if not self._active:
                 continue
             try:
                 events = core.step()
+                t = time.perf_counter()
+                stats = core.last_step()   # raises if the engine was closed during the step
             except Exception as exc:  # the engine itself failed: fail every request, keep serving
-                for handle, *_ in list(self._active.values()):
-                    handle._deliver({"type": "error", "id": handle.id, "status": -1, "message": f"engine step failed: {exc}"})
+                for a in list(self._active.values()):
+                    a.handle._fail(EngineError(f"engine step failed: {exc}"))
                 self._active.clear()
                 continue
-            stats = core.last_step()
             stats["t"] = time.time()
             self.step_log.append(stats)
             for ev in events:
-                entry = self._active.get(ev["id"])
-                if entry is None:
+                a = self._active.get(ev["id"])
+                if a is None:
                     continue
-                handle, py_queue_ms, conversation, _ = entry
-                if ev["type"] == "done":
-                    ev["metrics"]["queue_ms"] += py_queue_ms
-                    if conversation is not None and ev["metrics"]["slot"] >= 0:
-                        self._conversation_slot[conversation] = ev["metrics"]["slot"]
-                    self.finished.append(dict(ev["metrics"], id=ev["id"]))
+                ev["t"] = t
+                if ev["type"] == "token":
+                    a.token_times.append(t)
+                elif ev["type"] == "done":
+                    ev["metrics"] = m = schema.derive_request(ev["metrics"], a.py_queue_ms, a.token_times)
+                    if a.conversation is not None and m["slot"] >= 0:
+                        self._conversation_slot[a.conversation] = m["slot"]
+                    self.finished.append(dict(m, id=ev["id"]))
                 if ev["type"] in ("done", "error"):
                     del self._active[ev["id"]]
-                handle._deliver(ev)
+                a.handle._deliver(ev)
         # closing: fail what is left
-        for handle, *_ in list(self._active.values()):
-            core.cancel(handle.id)
-            handle._deliver({"type": "error", "id": handle.id, "status": -1, "message": "scheduler closed"})
+        for a in list(self._active.values()):
+            try:
+                core.cancel(a.handle.id)
+            except ColibriError:   # the engine was closed while its last step ran
+                pass
+            a.handle._fail(ColibriError("scheduler closed"))
         with self._cv:
             left = list(self._incoming)
             self._incoming.clear()
         for p in left:
-            p.handle._deliver({"type": "error", "id": None, "status": -1, "message": "scheduler closed"})
+            p.handle._fail(ColibriError("scheduler closed"))
 
     def _submit_to_core(self, p: _Pending) -> None:
-        params = dict(p.params)
-        if p.conversation is not None and params.get("slot", -1) == -1:
-            params["slot"] = self._conversation_slot.get(p.conversation, -1)
+        params = p.params
+        if p.conversation is not None and params.slot == -1 and p.conversation in self._conversation_slot:
+            # a conversation goes back to the slot that holds its history
+            params = dataclasses.replace(params, slot=self._conversation_slot[p.conversation])
         if p.handle.cancelled:
-            p.handle._deliver({"type": "done", "id": None, "metrics": _cancelled_metrics(0)})
+            p.handle._deliver({"type": "done", "id": None, "t": time.perf_counter(),
+                               "metrics": schema.empty_request("cancelled")})
             return
         try:
-            rid = self._core.submit(p.tokens, **params)
+            rid = self._core.submit(p.tokens, params)
         except Exception as exc:
-            p.handle.error = exc
-            self._release()
-            p.handle._events.put({"type": "error", "id": None, "status": -5, "message": str(exc)})
-            p.handle._done.set()
+            p.handle._fail(exc)
             return
         p.handle.id = rid
-        py_queue_ms = (time.perf_counter() - p.t_submit) * 1e3
-        self._active[rid] = (p.handle, py_queue_ms, p.conversation, p.t_submit)
-
-
-def _cancelled_metrics(n_tokens: int) -> dict:
-    return dict(prompt_tokens=0, cached_tokens=0, completion_tokens=n_tokens, queue_ms=0.0, ttft_ms=0.0,
-                prefill_ms=0.0, decode_ms=0.0, e2e_ms=0.0, tpot_ms=0.0, decode_tok_s=0.0, draft_n=0,
-                draft_accepted=0, grammar_mask_us=0.0, slot=-1, finish_reason="cancelled", stop_offset=-1)
+        self._active[rid] = _Active(p.handle, (time.perf_counter() - p.t_submit) * 1e3, p.conversation)

@@ -291,7 +291,7 @@ class TokenStream:
                 break
             out_ids.append(ev["token"])
             # engines with speculation mark tokens that came from an accepted draft
-            accepted.append(bool(ev.get("draft_accepted", ev.get("accepted", False))))
+            accepted.append(bool(ev.get("drafted", False)))
             now = time.monotonic()
             if now - last >= self.min_interval:
                 last = now

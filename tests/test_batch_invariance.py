@@ -1,4 +1,4 @@
-"""Batch invariance of the raw forward (DESIGN.md invariant 1).
+"""Batch invariance of the raw forward (docs/architecture.md, invariant 1).
 
 A sequence's logits must be bit-identical whatever else the engine does:
 which slot holds it, how its prefill is chunked, how many threads compute it,

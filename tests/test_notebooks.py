@@ -36,11 +36,11 @@ def test_per_position_columns_flatten_and_aggregate():
     import numpy as np
     from colibri_lab import plots
     from colibri_lab.experiments import Results, acceptance_by_position, acceptance_by_source
-    from colibri_lab.experiments.results import list_metric_columns
+    from colibri_lab.metrics import flat_columns as list_metric_columns
 
     cols = list_metric_columns(_spec_metrics([5, 3, 1], [3, 1, 0], {"prompt_lookup": (9, 4)}))
-    assert cols == {"draft_n_pos_1": 5, "draft_accepted_pos_1": 3, "draft_n_pos_2": 3, "draft_accepted_pos_2": 1,
-                    "draft_n_pos_3": 1, "draft_accepted_pos_3": 0, "draft_n_src_prompt_lookup": 9,
+    assert cols == {"draft_n_pos_0": 5, "draft_accepted_pos_0": 3, "draft_n_pos_1": 3, "draft_accepted_pos_1": 1,
+                    "draft_n_pos_2": 1, "draft_accepted_pos_2": 0, "draft_n_src_prompt_lookup": 9,
                     "draft_accepted_src_prompt_lookup": 4}
     assert list_metric_columns({"draft_n_by_pos": [], "draft_n_by_source": {}}) == {}
     base = dict(repeat=0, turn=0, seed=0, error="")
@@ -51,12 +51,12 @@ def test_per_position_columns_flatten_and_aggregate():
                  **list_metric_columns(_spec_metrics([2], [1], {"prompt_lookup": (2, 1)})))]
     req = Results.from_rows(rows, [], {}).requests
     # rows that did not reach a position get 0 there (not NaN), positions in numeric order
-    assert req["draft_n_pos_3"].tolist() == [0, 1, 0] and str(req["draft_n_pos_3"].dtype) == "int64"
+    assert req["draft_n_pos_2"].tolist() == [0, 1, 0] and str(req["draft_n_pos_2"].dtype) == "int64"
     pos_cols = [c for c in req.columns if c.startswith("draft_n_pos_")]
-    assert pos_cols == ["draft_n_pos_1", "draft_n_pos_2", "draft_n_pos_3"]
+    assert pos_cols == ["draft_n_pos_0", "draft_n_pos_1", "draft_n_pos_2"]
     t = acceptance_by_position(req)
     assert t[["variant", "position", "drafted", "accepted"]].values.tolist() == [
-        ["k4", 1, 7, 4], ["k4", 2, 3, 1], ["k4", 3, 1, 0]]      # plain drafted nothing: no rows
+        ["k4", 0, 7, 4], ["k4", 1, 3, 1], ["k4", 2, 1, 0]]      # plain drafted nothing: no rows
     np.testing.assert_allclose(t["accept_rate"], [4 / 7, 1 / 3, 0.0])
     src = acceptance_by_source(req).set_index("variant")
     assert src.loc["k4", "drafted"] == 11 and src.loc["k4", "accepted"] == 5

@@ -163,7 +163,7 @@ def test_errors_anthropic_shape(client, server):
     with pytest.raises(anthropic.BadRequestError):
         create(client, messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])
     with pytest.raises(anthropic.BadRequestError):
-        create(client, temperature=1.5)
+        create(client, temperature=-1)
     st, h, data = raw(server, "POST", "/v1/messages", {"model": "smollm2", "messages": MSG})
     body = json.loads(data)
     assert st == 400 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"

@@ -153,7 +153,8 @@ def test_oversized_body_413(server):
 
 @pytest.mark.parametrize("field,value,param", [
     ("temperature", "hot", "temperature"),
-    ("temperature", 3.0, "temperature"),
+    ("temperature", 1e5, "temperature"),
+    ("top_p", 1.5, "top_p"),
     ("max_tokens", -1, "max_tokens"),
     ("max_tokens", 1.5, "max_tokens"),
     ("n", 0, "n"),

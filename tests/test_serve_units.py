@@ -117,7 +117,7 @@ def test_histogram_and_render():
     assert out[-1] == "x_count 5"
     m = Metrics()
     m.record({"prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 3, "ttft_ms": 50, "tpot_ms": 10,
-              "e2e_ms": 80, "queue_ms": 1, "finish_reason": "stop"}, gaps=[0.004, 0.3])
+              "itl_ms": [4.0, 300.0], "e2e_ms": 80, "queue_ms": 1, "finish_reason": "stop"})
     text = m.render(1, 2, "m", n_slots=4)
     assert 'vllm:prefix_cache_hits_total{model_name="m"} 4' in text
     # inter-token latency: each true gap observed once, not the request's mean (10 ms) twice
@@ -129,7 +129,7 @@ def test_histogram_and_render():
     assert 'vllm:kv_cache_usage_perc{model_name="m"} 0.25' in text
     assert 'finished_reason="stop"} 1' in text
     p = m.profile([{"step_ms": 2.0}, {"step_ms": 4.0}])
-    assert p["n"] == 1 and p["prefix_cache_hit_rate"] == 0.4 and p["steps"]["step_ms_p50"] == 3.0
+    assert p["n"] == 1 and p["hit_ratio"] == 0.4 and p["steps"]["step_ms_p50"] == 3.0
 
 
 def test_cli_options_shared():

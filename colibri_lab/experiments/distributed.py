@@ -54,8 +54,19 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-# Nothing from dask is imported at module level: the in-process runner imports
-# this module, and dask is an optional extra.
+from colibri_lab.experiments.blocks import (
+    EngineCache,
+    block_order,
+    default_engine_factory,
+    is_fatal,
+    machine_columns,
+    make_bar,
+    run_block,
+)
+from colibri_lab.experiments.results import engine_metadata
+from colibri_lab.experiments.workloads import load_workload
+
+# Nothing from dask is imported at module level: dask is an optional extra.
 
 # ------------------------------------------------------------------ defaults
 _DEFAULT: contextvars.ContextVar[Any] = contextvars.ContextVar("colibri_lab_backend", default=None)
@@ -151,6 +162,13 @@ class DaskBackend:
 
         return cls(Client(address), own=True, **kw)
 
+    def execute(self, runner) -> "Results":
+        """Run `runner`'s spec as tasks on this cluster (the Backend interface)."""
+        try:
+            return _run(runner, self)
+        finally:
+            self.close()
+
     def close(self) -> None:
         if not self.own:
             return
@@ -204,8 +222,6 @@ def auto_shards(n_items: int, repeats: int, n_workers: int, max_concurrency: int
 def plan_tasks(runner, shards: int) -> list[dict]:
     """The tasks of a run: one per (repeat, shard), each with its blocks
     [(block index, variant name)] in ABBA order and its item indices."""
-    from colibri_lab.experiments.runner import block_order
-
     names = [v.name for v in runner.variants]
     order = block_order(names, runner.spec.repeats)
     slices = shard_slices(len(runner.workload.items), shards)
@@ -298,36 +314,34 @@ def run_task(task: dict) -> dict:
     task["items"] of the shipped spec.  Returns its rows, steps, block infos,
     engine metadata and the worker's machine; a rejected setting comes back as
     {"fatal": exc} (not raised, so that it is not retried)."""
-    from colibri_lab.experiments.results import engine_metadata
-    from colibri_lab.experiments.runner import Runner, _fatal, machine_columns
-
     with _TASK_LOCK:
         address = _worker_address()
         _CURRENT.update(key=task["key"], worker=address)
-        factory = task.get("engine_factory")
+        spec = task["spec"]
         fkey = task.get("factory_key", "default")
-        cache = _ENGINES.setdefault(fkey, {})
-        runner = Runner(task["spec"], progress=False, engine_factory=factory, engines=cache)
-        by_name = {v.name: v for v in runner.variants}
-        jobs = [(i, runner.workload.items[i]) for i in task["items"]]
+        cache = EngineCache(task.get("engine_factory"), spec.warmup, _ENGINES.setdefault(fkey, {}))
+        variants = spec.resolved_variants()
+        workload = load_workload(spec.workload, spec.workload_n, spec.workload_turns, spec.workload_order)
+        by_name = {v.name: v for v in variants}
+        jobs = [(i, workload.items[i]) for i in task["items"]]
         rows, steps, blocks, engines = [], [], [], {}
         used = set()
         try:
             for block_i, vname in task["blocks"]:
                 v = by_name[vname]
-                eng = runner.engine_for(v)
+                eng = cache.get(v)
                 used.add(v.engine_key())
-                cache[v.engine_key()] = cache.pop(v.engine_key())   # most recently used last
+                cache.engines[v.engine_key()] = cache.engines.pop(v.engine_key())   # most recently used last
                 engines.setdefault(vname, engine_metadata(eng))
                 extra = dict(machine_columns(eng, address), shard=task["shard"])
-                brows, bsteps, binfo, _ = runner._run_block(eng, v, task["repeat"], block_i, [], None,
-                                                            jobs=jobs, extra=extra)
+                brows, bsteps, binfo, _ = run_block(spec, workload, eng, v, task["repeat"], block_i,
+                                                    jobs=jobs, extra=extra)
                 rows += brows
                 steps += bsteps
                 binfo["task"] = task["key"]
                 blocks.append(binfo)
         except Exception as exc:
-            if _fatal(exc):
+            if is_fatal(exc):
                 return {"key": task["key"], "fatal": exc}
             raise
         finally:
@@ -362,18 +376,13 @@ def _max_concurrency(variants) -> int:
 
 def run_distributed(runner, backend):
     """Run `runner`'s spec on a Dask backend (see the module docstring); returns Results."""
-    be = as_backend(backend)
-    try:
-        return _run(runner, be)
-    finally:
-        be.close()
+    return as_backend(backend).execute(runner)
 
 
 def _run(runner, be: DaskBackend):
     from distributed import as_completed
 
     from colibri_lab.experiments.results import Results, collect_metadata, load_average
-    from colibri_lab.experiments.runner import _default_engine_factory
 
     spec, wl = runner.spec, runner.workload
     n_workers = be.n_workers()
@@ -386,7 +395,7 @@ def _run(runner, be: DaskBackend):
     # Ship the workload itself (already cut and ordered): workers need no file of it.
     shipped = replace(spec, workload=wl, workload_n=None, workload_turns=None, workload_order=None)
     # The default factory is resolved on the worker itself; a custom one is pickled (cloudpickle) to it.
-    factory = None if runner.engine_factory is _default_engine_factory else runner.engine_factory
+    factory = None if runner.engine_factory is default_engine_factory else runner.engine_factory
     run_id = uuid.uuid4().hex[:8]
     tasks = plan_tasks(runner, shards)
     fkey = factory_key(factory)
@@ -395,7 +404,7 @@ def _run(runner, be: DaskBackend):
                  engine_factory=factory, factory_key=fkey)
     position = {t["key"]: i for i, t in enumerate(tasks)}
     total = len(runner.variants) * spec.repeats * wl.n_requests
-    bar = runner._make_bar(total)
+    bar = make_bar(total, spec.name, runner.progress)
     started = time.time()
     load_before = load_average()     # of the client's machine; each worker's is in meta["workers"]
     client = be.client

@@ -27,26 +27,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Leading columns of the request table, in this order; metric columns follow.
-ID_COLUMNS = ["experiment", "variant", "repeat", "block", "workload", "item_index", "prompt_id", "group", "turn",
-              "n_turns", "seed", "concurrency", "arrival", "client", "t_release_s", "t_submit_s", "t_done_s",
-              "client_ms"]
-METRIC_COLUMNS = ["prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms", "ttft_ms", "prefill_ms",
-                  "decode_ms", "e2e_ms", "tpot_ms", "decode_tok_s", "draft_n", "draft_accepted", "accept_rate",
-                  "accept_len_mean", "grammar_mask_us", "finish_reason", "slot"]
-TAIL_COLUMNS = ["prompt_hash", "output_hash", "output_tokens", "output_text", "error"]
-# Per-request list / dict metrics flattened to scalar columns (see list_metric_columns):
-#   draft_n_pos_<i>, draft_accepted_pos_<i>   proposals / acceptances at draft position i (1-based)
-#   draft_n_src_<s>, draft_accepted_src_<s>   proposals / acceptances by draft source s
-POS_PREFIXES = ("draft_n_pos_", "draft_accepted_pos_")
-SRC_PREFIXES = ("draft_n_src_", "draft_accepted_src_")
-# Serving runs (loadgen): one row per gap between two output chunks of a request.
-GAP_COLUMNS = ["experiment", "variant", "repeat", "block", "prompt_id", "turn", "seed", "gap", "t_s", "itl_ms"]
-NUMERICS_COLUMNS = ["experiment", "variant", "item_index", "prompt_id", "group", "prompt_tokens", "reply_tokens",
-                    "n_scored", "perplexity", "kl_mean", "kl_max", "top1_agree"]
-STEP_COLUMNS = ["experiment", "variant", "repeat", "block", "step", "rows_decode", "rows_prefill", "n_running",
-                "step_ms", "matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "grammar_ms", "draft_ms",
-                "other_ms", "t_rel_s"]
+from colibri_lab import metrics as schema
+
+# Column layout (colibri_lab.metrics): row context first, then the metrics, then the outputs.
+ID_COLUMNS = list(schema.ROW_CONTEXT)
+METRIC_COLUMNS = list(schema.REQUEST_COLUMNS)
+TAIL_COLUMNS = list(schema.ROW_OUTPUT)
+POS_PREFIXES = schema.POS_PREFIXES
+SRC_PREFIXES = schema.SRC_PREFIXES
+GAP_COLUMNS = list(schema.GAP_COLUMNS)
+NUMERICS_COLUMNS = list(schema.NUMERICS_COLUMNS)
+STEP_COLUMNS = list(schema.STEP_CONTEXT[:4]) + list(schema.STEP_COLUMNS) + ["t_rel_s"]
 
 
 def _order(df: pd.DataFrame, lead: list[str], tail: list[str] = ()) -> pd.DataFrame:
@@ -54,28 +45,6 @@ def _order(df: pd.DataFrame, lead: list[str], tail: list[str] = ()) -> pd.DataFr
     last = [c for c in tail if c in df.columns and c not in first]
     mid = [c for c in df.columns if c not in first and c not in last]
     return df[first + mid + last]
-
-
-def list_metric_columns(m: dict) -> dict:
-    """The list / dict metrics of one request as scalar columns, so that the
-    request table stays flat (one CSV cell per value, no per-token dumps):
-    draft_n_by_pos / draft_accepted_by_pos (lists, index 0 = first drafted
-    token) -> draft_n_pos_1.., draft_accepted_pos_1..; draft_n_by_source /
-    draft_accepted_by_source (dicts) -> draft_n_src_<source>, draft_accepted_src_<source>.
-    Positions never tried and sources never used give no column (filled with 0
-    by Results.from_rows when another request has them)."""
-    out: dict[str, int] = {}
-    n_pos = list(m.get("draft_n_by_pos") or [])
-    a_pos = list(m.get("draft_accepted_by_pos") or [])
-    for i, n in enumerate(n_pos):
-        out[f"draft_n_pos_{i + 1}"] = int(n)
-        out[f"draft_accepted_pos_{i + 1}"] = int(a_pos[i]) if i < len(a_pos) else 0
-    n_src = m.get("draft_n_by_source") or {}
-    a_src = m.get("draft_accepted_by_source") or {}
-    for s, n in n_src.items():
-        out[f"draft_n_src_{s}"] = int(n)
-        out[f"draft_accepted_src_{s}"] = int(a_src.get(s, 0))
-    return out
 
 
 def _count_columns(cols) -> list[str]:

@@ -45,7 +45,7 @@ import pandas as pd
 
 from colibri_lab.experiments import loadgen
 from colibri_lab.experiments.results import Results, collect_metadata, cpu_model, load_average
-from colibri_lab.experiments.runner import INPROCESS, WARMUP_PROMPT, block_order
+from colibri_lab.experiments.blocks import INPROCESS, WARMUP_PROMPT, block_order
 from colibri_lab.experiments.spec import SERVE_KEYS, ExperimentSpec, Variant
 from colibri_lab.experiments.stats import verdict
 from colibri_lab.experiments.workloads import Workload, load_workload

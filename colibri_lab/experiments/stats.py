@@ -342,8 +342,9 @@ def acceptance_by_position(df: pd.DataFrame, by: str | Sequence[str] | None = "v
     one row per (group, position) with drafted and accepted summed over
     requests and accept_rate = accepted / drafted (vLLM's
     spec_decode_num_accepted_tokens_per_pos over its draft tokens).
-    Positions are 1-based; positions never drafted are left out."""
-    from colibri_lab.experiments.results import POS_PREFIXES
+    Positions are 0-based (as Prometheus' position label); positions never
+    drafted are left out."""
+    from colibri_lab.metrics import POS_PREFIXES
 
     by = [] if by is None else [by] if isinstance(by, str) else list(by)
     by = [c for c in by if c in df.columns]
@@ -369,7 +370,7 @@ def acceptance_by_position(df: pd.DataFrame, by: str | Sequence[str] | None = "v
 def acceptance_by_source(df: pd.DataFrame, by: str | Sequence[str] | None = "variant") -> pd.DataFrame:
     """Drafted / accepted tokens per draft source (draft_n_src_<s> columns),
     summed per group, with accept_rate."""
-    from colibri_lab.experiments.results import SRC_PREFIXES
+    from colibri_lab.metrics import SRC_PREFIXES
 
     by = [] if by is None else [by] if isinstance(by, str) else list(by)
     by = [c for c in by if c in df.columns]

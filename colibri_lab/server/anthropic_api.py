@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 
+from colibri_lab import metrics as schema
+
 from . import common as C
 from . import prep
 from .common import ApiError, bad
@@ -166,9 +168,7 @@ def _output_format(engine, oc) -> str | None:
 
 
 def _usage(m: dict) -> dict:
-    cached = int(m.get("cached_tokens", 0))
-    return {"input_tokens": int(m.get("prompt_tokens", 0)) - cached, "output_tokens": int(m.get("completion_tokens", 0)),
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    return schema.anthropic_usage(m)
 
 
 def _stop_reason(reason: str, stop_sequence, calls) -> str:
@@ -192,11 +192,11 @@ def messages(ctx, data) -> None:
     stream = b.bool("stream", False)
     tm = _tools(b)
     kw = prep.sampling(b, engine, openai=False)
-    b.num("temperature", 1.0, 0.0, 1.0)  # Anthropic's range is [0, 1]
     stops = C.stop_list(b.raw("stop_sequences"), "stop_sequences", 8)
     spec = prep.speculative(engine, b.raw("speculative"))
     if spec is not None:
         kw["speculative"] = spec
+    prep.request_params(dict(kw, stop=stops))
     th = b.obj("thinking")
     if th is not None and th != {"type": "disabled"}:
         raise bad("thinking is not supported by this server (only {\"type\": \"disabled\"})", param="thinking")
@@ -274,9 +274,7 @@ def _stream(ctx, gen, mid, model, tm, n_prompt) -> None:
         ctx.start_sse()
         ev("message_start", {"message": {"id": mid, "type": "message", "role": "assistant", "model": model,
                                          "content": [], "stop_reason": None, "stop_sequence": None,
-                                         "usage": {"input_tokens": n_prompt, "output_tokens": 0,
-                                                   "cache_read_input_tokens": 0,
-                                                   "cache_creation_input_tokens": 0}}})
+                                         "usage": _usage({"prompt_tokens": n_prompt})}})
         if st.state == "text":
             open_text()
         ev("ping", {})

@@ -6,7 +6,6 @@ Standard library plus colibri_lab only.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import re
@@ -14,9 +13,12 @@ import secrets
 import time
 from typing import Any, Iterable, Mapping
 
+from colibri_lab import metrics as schema
+from colibri_lab import schema as json_schema
+
 from . import convert
 
-__all__ = ["ApiError", "Body", "new_id", "usage_openai", "timings", "grammar_support"]
+__all__ = ["ApiError", "Body", "new_id", "usage_openai", "timings"]
 
 
 class ApiError(Exception):
@@ -260,41 +262,7 @@ def seed_value(v, key: str = "seed"):
     return v % (1 << 64)
 
 
-# ------------------------------------------------------------- engine support
-def engine_accepts(engine, name: str) -> bool:
-    """Whether Engine.submit takes keyword `name` (grammar, json_schema,
-    speculative land in the engine over time)."""
-    try:
-        from colibri_lab import engine as engine_mod
-        if name in getattr(engine_mod, "_SAMPLING_KEYS", ()):
-            return True
-    except Exception:
-        pass
-    try:
-        return name in inspect.signature(engine.submit).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def grammar_support(engine) -> bool:
-    return engine_accepts(engine, "grammar")
-
-
-def _schema_mod(param: str):
-    try:
-        from colibri_lab import schema  # noqa: F401
-    except ImportError:
-        raise bad("JSON-schema-constrained output is not available in this build (colibri_lab.schema "
-                  "is missing)", param=param) from None
-    return schema
-
-
-def require_grammar(engine, param: str) -> None:
-    if not grammar_support(engine):
-        raise bad(f"{param} needs grammar-constrained decoding, which this engine build does not support yet",
-                  param=param)
-
-
+# ------------------------------------------------------------- grammars
 def check_schema_limits(schema: Any, param: str) -> None:
     """Refuse, before any conversion runs, a schema larger than the server
     converts (limits.py): conversion cost grows faster than linearly in enum
@@ -330,8 +298,6 @@ def check_schema_limits(schema: Any, param: str) -> None:
 
 
 def schema_grammar(engine, schema: Any, param: str, ctx=None) -> str:
-    require_grammar(engine, param)
-    mod = _schema_mod(param)
     if not isinstance(schema, dict) and not isinstance(schema, bool):
         raise bad(f"{param} must be a JSON Schema object", param=param)
     check_schema_limits(schema, param)
@@ -346,8 +312,7 @@ def schema_grammar(engine, schema: Any, param: str, ctx=None) -> str:
 
 
 def json_object_grammar(engine, param: str) -> str:
-    require_grammar(engine, param)
-    return _schema_mod(param).json_object_gbnf()
+    return json_schema.json_object_gbnf()
 
 
 def response_format_grammar(engine, rf: Any, param: str = "response_format") -> str | None:
@@ -474,28 +439,10 @@ def looks_like_tool_call(prefix: str) -> bool | None:
 
 # ------------------------------------------------------------- usage, timings
 def timings(m: Mapping) -> dict:
-    """llama.cpp's `timings` object from a request's metrics."""
-    prompt_n = max(0, int(m.get("prompt_tokens", 0)) - int(m.get("cached_tokens", 0)))
-    prompt_ms = float(m.get("prefill_ms", 0.0))
-    pred_n = int(m.get("completion_tokens", 0))
-    pred_ms = float(m.get("decode_ms", 0.0))
-    return {
-        "cache_n": int(m.get("cached_tokens", 0)),
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-        "predicted_n": pred_n,
-        "predicted_ms": pred_ms,
-        "predicted_per_token_ms": pred_ms / pred_n if pred_n else 0.0,
-        "predicted_per_second": 1e3 * pred_n / pred_ms if pred_ms > 0 else 0.0,
-        "draft_n": int(m.get("draft_n", 0)),
-        "draft_n_accepted": int(m.get("draft_accepted", 0)),
-    }
+    """llama.cpp's `timings` object from a request's metrics (colibri_lab.metrics.LLAMACPP_TIMINGS)."""
+    return schema.llamacpp_timings(m)
 
 
 def usage_openai(prompt_tokens: int, cached: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens_details": {"reasoning_tokens": 0}}
+    return schema.openai_usage({"prompt_tokens": prompt_tokens, "cached_tokens": cached,
+                                "completion_tokens": completion_tokens})

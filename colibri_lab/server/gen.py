@@ -1,25 +1,26 @@
 """Running one HTTP request's generations on the engine.
 
 A `Generation` submits every choice of a request at once (n choices, times
-the prompts of a legacy completion), so they run in parallel slots, and pumps
-each handle's events on a small thread into one queue.  The HTTP thread reads
-that queue with a timeout, which lets it send keep-alive comments and notice a
-client that went away between tokens; `cancel()` stops every choice.
-
-Each pump turns token bytes into UTF-8-safe text with stop-string holdback
-(the engine's `_Utf8Stream`) and records the finished request's metrics
-exactly once, whether or not the client is still there.
+the prompts of a legacy completion), so they run in parallel slots.  The
+request path is three hops: the scheduler thread hands each event to the
+sink given at submit, which puts it on this Generation's queue; the HTTP
+thread reads that queue, decodes the token (colibri_lab.decode.Decoder: UTF-8
+safe, stop strings held back) and writes the SSE bytes.  No thread in
+between.  Reading with a timeout lets the HTTP thread send keep-alive
+comments and notice a client that went away between tokens; `cancel()` stops
+every choice.  The sink records a finished request's metrics exactly once,
+whether or not the client is still there.
 """
 from __future__ import annotations
 
+import functools
 import queue
 import time
-import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from colibri_lab.engine import _Utf8Stream
-from colibri_lab.errors import (ContextLengthExceededError, InvalidRequestError, ModelLoadError, QueueFullError)
+from colibri_lab.decode import Decoder
+from colibri_lab.errors import ContextLengthExceededError, EngineError, InvalidRequestError, ModelLoadError, QueueFullError
 
 from .common import ApiError
 
@@ -44,12 +45,12 @@ class ChoiceResult:
     stops: list                                          # stop strings as bytes
     text: str = ""                                       # output, cut before a matched stop string
     tokens: list = field(default_factory=list)           # ids of the tokens whose bytes start before the cut
-    token_bytes: list = field(default_factory=list)      # their bytes
     logprobs: list = field(default_factory=list)         # (logprob, [(id, lp)]) per kept token
     finish_reason: str | None = None                     # engine reason: stop|length|cancelled|context
     metrics: dict | None = None
     stop_sequence: str | None = None                     # the stop string that ended it, if any
     error: Exception | None = None
+    decoder: Decoder | None = field(default=None, repr=False)
 
 
 def map_engine_error(exc: Exception) -> ApiError:
@@ -59,7 +60,7 @@ def map_engine_error(exc: Exception) -> ApiError:
         return ApiError(429, str(exc), code="queue_full",
                         headers={"Retry-After": str(getattr(exc, "retry_after", 1))})
     if isinstance(exc, InvalidRequestError):
-        return ApiError(400, str(exc))
+        return ApiError(400, str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, ModelLoadError):
         # raised by a submit only for what the request asked for (a grammar the
         # matcher cannot hold: "unsupported"), never for the loaded model
@@ -72,9 +73,9 @@ class Generation:
         self.engine = engine
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.results: dict[int, ChoiceResult] = {}
-        self.handles = []
+        self.handles: dict[int, object] = {}
+        self.pending: set[int] = set()
         self._on_done = on_done
-        submitted = []
         try:
             engine.scheduler.admit(len(specs))
         except InvalidRequestError as e:   # more choices than could ever be scheduled
@@ -83,76 +84,51 @@ class Generation:
             raise map_engine_error(e) from None
         try:
             for s in specs:
-                ids, handle, stops = engine.submit(s.prompt_ids, **s.kwargs)
-                submitted.append((s, ids, handle, stops))
+                ids, handle, stops = engine.submit(s.prompt_ids, sink=functools.partial(self._sink, s.index),
+                                                   **s.kwargs)
+                self.results[s.index] = ChoiceResult(index=s.index, prompt_ids=list(ids), stops=stops,
+                                                     decoder=Decoder(engine.model.token_bytes, stops))
+                self.handles[s.index] = handle
+                self.pending.add(s.index)
         except Exception as e:
-            for _, _, h, _ in submitted:
-                h.cancel()
-            # the cancelled choices still finish in the engine; drain them so they are recorded
-            for s, ids, h, stops in submitted:
-                self._start(s, ids, h, stops)
+            self.cancel()   # what was submitted still finishes in the engine, and its sink records it
             raise map_engine_error(e) from e
-        for s, ids, h, stops in submitted:
-            self._start(s, ids, h, stops)
-        self.pending = {s.index for s, *_ in submitted}
 
-    def _start(self, s: Spec, ids, handle, stops) -> None:
-        self.handles.append(handle)
-        r = ChoiceResult(index=s.index, prompt_ids=list(ids), stops=stops)
-        self.results[s.index] = r
-        t = threading.Thread(target=self._pump, args=(r, handle), name=f"colibri-pump-{s.index}", daemon=True)
-        t.start()
+    def _sink(self, index: int, ev: dict) -> None:
+        """On the scheduler thread: record a finished request, queue the event (never blocks)."""
+        if ev["type"] == "done":
+            try:
+                self._on_done(ev["metrics"])
+            except Exception:
+                pass
+        self.q.put((index, ev))
 
-    def _pump(self, r: ChoiceResult, handle) -> None:
-        dec = _Utf8Stream(r.stops)
-        model = self.engine.model
-        offs = []   # byte offset where each token starts
-        times = []  # when each token arrived (inter-token latency: the true gaps)
-        try:
-            for ev in handle:
-                t = ev["type"]
-                if t == "token":
-                    times.append(time.perf_counter())
-                    b = model.token_bytes(ev["token"])
-                    offs.append(len(dec.buf))
-                    r.tokens.append(ev["token"])
-                    r.token_bytes.append(b)
-                    r.logprobs.append((ev["logprob"], ev.get("top", [])))
-                    text = dec.feed(b)
-                    self.q.put((r.index, {"text": text, "token": ev["token"], "logprob": ev["logprob"],
-                                          "top": ev.get("top", [])}))
-                elif t == "done":
-                    m = ev["metrics"]
-                    tail = dec.finish(m["stop_offset"])
-                    cut = m["stop_offset"]
-                    if cut >= 0:
-                        keep = sum(1 for o in offs if o < cut)
-                        del r.tokens[keep:], r.token_bytes[keep:], r.logprobs[keep:]
-                        rest = dec.buf[cut:]
-                        for s in r.stops:
-                            if rest.startswith(s):
-                                r.stop_sequence = s.decode("utf-8", "replace")
-                                break
-                    r.text = dec.buf[:cut if cut >= 0 else len(dec.buf)].decode("utf-8", "replace")
-                    r.finish_reason = m["finish_reason"]
-                    r.metrics = m
-                    try:
-                        self._on_done(m, [b - a for a, b in zip(times, times[1:])])
-                    except Exception:
-                        pass
-                    self.q.put((r.index, {"text": tail, "done": True, "finish_reason": m["finish_reason"],
-                                          "metrics": m}))
-                    return
-                else:
-                    r.error = handle.error or RuntimeError(ev.get("message", "engine error"))
-                    self.q.put((r.index, {"error": r.error}))
-                    return
-        except Exception as e:  # never leave the reader waiting
-            r.error = e
-            self.q.put((r.index, {"error": e}))
+    def _decode(self, index: int, ev: dict) -> dict:
+        """On the HTTP thread: one engine event as the piece the API modules write."""
+        r = self.results[index]
+        t = ev["type"]
+        if t == "token":
+            r.tokens.append(ev["token"])
+            r.logprobs.append((ev["logprob"], ev.get("top", [])))
+            return {"text": r.decoder.feed(ev["token"]), "token": ev["token"], "logprob": ev["logprob"],
+                    "top": ev.get("top", []), "t": ev["t"]}
+        if t == "done":
+            m = ev["metrics"]
+            dec = r.decoder
+            tail = dec.finish(m["stop_offset"])
+            keep = dec.n_kept
+            del r.tokens[keep:], r.logprobs[keep:]
+            stop = dec.stop_sequence
+            r.stop_sequence = stop.decode("utf-8", "replace") if stop is not None else None
+            r.text = dec.text
+            r.finish_reason = m["finish_reason"]
+            r.metrics = m
+            return {"text": tail, "done": True, "finish_reason": m["finish_reason"], "metrics": m, "t": ev["t"]}
+        r.error = self.handles[index].error or EngineError(ev.get("message", "engine error"))
+        return {"error": r.error}
 
     def cancel(self) -> None:
-        for h in self.handles:
+        for h in self.handles.values():
             try:
                 h.cancel()
             except Exception:
@@ -167,6 +143,7 @@ class Generation:
             except queue.Empty:
                 yield None
                 continue
+            ev = self._decode(idx, ev)
             if ev.get("done") or "error" in ev:
                 self.pending.discard(idx)
             yield idx, ev

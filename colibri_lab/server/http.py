@@ -474,7 +474,7 @@ class Handler(BaseHTTPRequestHandler):
                               "max_queue": getattr(sch, "_max_queue", None)},
                 "connections": self.server.registry.snapshot(),
                 "limits": dataclasses.asdict(srv.limits),
-                "grammar": _grammar_flag(eng),
+                "grammar": True,
             })
         self._send_json(200, body)
 
@@ -499,11 +499,6 @@ def _linger(sock, max_s: float = 2.0, max_bytes: int = 8 << 20) -> None:
             got += len(data)
     except OSError:
         pass
-
-
-def _grammar_flag(eng) -> bool:
-    from .common import grammar_support
-    return grammar_support(eng)
 
 
 def _new_rid() -> str:

@@ -3,11 +3,13 @@ vLLM's metric names and types (prefix `vllm:`, so dashboards and tools that
 read a vLLM server read this one), and the /profile window.
 
 Every finished request (HTTP-submitted, including cancelled ones) is recorded
-once, from its engine metrics (DESIGN.md names).  Inter-token latency is
-observed once per gap between two consecutive tokens as the server received
-them (tokens accepted together from one speculative step have a gap of 0),
-not as a request's mean.  Series that are the server's own (HTTP responses,
-connections) carry the `colibri:` prefix.
+once, from its metrics (colibri_lab.metrics: every family's name, prefix,
+kind, help text and the request fields it is computed from are in its
+PROMETHEUS table).  Inter-token latency is observed once per gap between two
+consecutive token events of a request (its itl_ms; tokens accepted together
+from one speculative step have a gap of 0), not as a request's mean.  Series
+that are the server's own (HTTP responses, connections) carry the `colibri:`
+prefix.
 """
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import statistics
 import threading
 import time
 
-PREFIX = "vllm:"
-OWN = "colibri:"
+from colibri_lab import metrics as schema
+
+PREFIX = schema.PROMETHEUS_PREFIX
+OWN = schema.PROMETHEUS_OWN_PREFIX
 
 _LAT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
@@ -86,9 +90,8 @@ class Metrics:
         self.http = collections.Counter()       # (endpoint, status) -> responses
         self.window: collections.deque = collections.deque(maxlen=self.PROFILE_WINDOW)
 
-    def record(self, m: dict, gaps=None) -> None:
-        """One finished request: its engine metrics and, when known, the seconds
-        between its consecutive tokens (n_tokens - 1 gaps)."""
+    def record(self, m: dict) -> None:
+        """One finished request, from its metrics (colibri_lab.metrics.REQUEST)."""
         with self.lock:
             n_out = int(m.get("completion_tokens", 0))
             self.prompt_tokens += int(m.get("prompt_tokens", 0))
@@ -103,18 +106,15 @@ class Metrics:
             self.finished[m.get("finish_reason", "unknown")] += 1
             if n_out > 0:
                 self.ttft.observe(float(m.get("ttft_ms", 0.0)) / 1e3)
-            if gaps is not None:
-                for g in gaps:
-                    self.itl.observe(g)
-            elif n_out > 1:   # a caller without token times: the request's mean gap
-                self.itl.observe(float(m.get("tpot_ms", 0.0)) / 1e3, n_out - 1)
+            for gap_ms in m.get("itl_ms") or ():
+                self.itl.observe(float(gap_ms) / 1e3)
             self.e2e.observe(float(m.get("e2e_ms", 0.0)) / 1e3)
             self.queue.observe(float(m.get("queue_ms", 0.0)) / 1e3)
             self.prefill.observe(float(m.get("prefill_ms", 0.0)) / 1e3)
             self.decode.observe(float(m.get("decode_ms", 0.0)) / 1e3)
             self.req_prompt.observe(int(m.get("prompt_tokens", 0)))
             self.req_gen.observe(n_out)
-            self.window.append(dict(m, t=time.time()))
+            self.window.append(dict(schema.json_safe({k: v for k, v in m.items() if k != "itl_ms"}), t=time.time()))
 
     def count_http(self, endpoint: str, status: int) -> None:
         with self.lock:
@@ -124,59 +124,57 @@ class Metrics:
         out: list[str] = []
         lab = f'model_name="{_esc(model)}"'
 
-        def head(name, kind, help_, prefix=PREFIX):
-            out.append(f"# HELP {prefix}{name} {help_}")
+        def head(name, kind, prefix=PREFIX):
+            e = schema.PROMETHEUS_BY_NAME[name]   # every family is in the schema's table
+            assert (e.kind, e.prefix) == (kind, prefix), (name, kind, prefix)
+            out.append(f"# HELP {prefix}{name} {e.help}")
             out.append(f"# TYPE {prefix}{name} {kind}")
 
         with self.lock:
-            head("num_requests_running", "gauge", "Requests holding a KV slot.")
+            head("num_requests_running", "gauge")
             out.append(f"{PREFIX}num_requests_running{{{lab}}} {running}")
-            head("num_requests_waiting", "gauge", "Requests waiting for a slot.")
+            head("num_requests_waiting", "gauge")
             out.append(f"{PREFIX}num_requests_waiting{{{lab}}} {waiting}")
-            head("kv_cache_usage_perc", "gauge", "Fraction of KV slots in use (0-1).")
+            head("kv_cache_usage_perc", "gauge")
             out.append(f"{PREFIX}kv_cache_usage_perc{{{lab}}} {running / n_slots if n_slots else 0.0}")
-            for name, val, help_ in (
-                ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens processed (cached included)."),
-                ("generation_tokens_total", self.generation_tokens, "Tokens generated."),
-                ("prefix_cache_queries_total", self.prefix_queries, "Prompt tokens looked up in the prefix cache."),
-                ("prefix_cache_hits_total", self.prefix_hits, "Prompt tokens served from the prefix cache."),
-                ("spec_decode_num_drafts_total", self.spec_drafts, "Speculative draft rounds."),
-                ("spec_decode_num_draft_tokens_total", self.spec_draft_tokens, "Draft tokens proposed."),
-                ("spec_decode_num_accepted_tokens_total", self.spec_accepted, "Draft tokens accepted."),
+            for name, val in (
+                ("prompt_tokens_total", self.prompt_tokens),
+                ("generation_tokens_total", self.generation_tokens),
+                ("prefix_cache_queries_total", self.prefix_queries),
+                ("prefix_cache_hits_total", self.prefix_hits),
+                ("spec_decode_num_drafts_total", self.spec_drafts),
+                ("spec_decode_num_draft_tokens_total", self.spec_draft_tokens),
+                ("spec_decode_num_accepted_tokens_total", self.spec_accepted),
             ):
-                head(name, "counter", help_)
+                head(name, "counter")
                 out.append(f"{PREFIX}{name}{{{lab}}} {val}")
-            head("spec_decode_num_accepted_tokens_per_pos_total", "counter",
-                 "Accepted draft tokens by draft position.")
+            head("spec_decode_num_accepted_tokens_per_pos_total", "counter")
             for pos in sorted(self.spec_accepted_pos):
                 out.append(f'{PREFIX}spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{pos}"}} '
                            f"{self.spec_accepted_pos[pos]}")
-            head("request_success_total", "counter", "Finished requests by finish reason.")
+            head("request_success_total", "counter")
             for reason in sorted(set(self.finished) | {"stop", "length"}):
                 out.append(f'{PREFIX}request_success_total{{{lab},finished_reason="{_esc(reason)}"}} '
                            f"{self.finished.get(reason, 0)}")
-            for name, h, help_ in (
-                ("time_to_first_token_seconds", self.ttft, "Time to first token (from submit)."),
-                ("inter_token_latency_seconds", self.itl, "Time between two consecutive tokens of a request."),
-                ("e2e_request_latency_seconds", self.e2e, "End-to-end request latency."),
-                ("request_queue_time_seconds", self.queue, "Time waiting for a slot."),
-                ("request_prefill_time_seconds", self.prefill, "Time spent prefilling the prompt."),
-                ("request_decode_time_seconds", self.decode, "Time spent decoding."),
-                ("request_prompt_tokens", self.req_prompt, "Prompt tokens per request."),
-                ("request_generation_tokens", self.req_gen, "Generated tokens per request."),
+            for name, h in (
+                ("time_to_first_token_seconds", self.ttft),
+                ("inter_token_latency_seconds", self.itl),
+                ("e2e_request_latency_seconds", self.e2e),
+                ("request_queue_time_seconds", self.queue),
+                ("request_prefill_time_seconds", self.prefill),
+                ("request_decode_time_seconds", self.decode),
+                ("request_prompt_tokens", self.req_prompt),
+                ("request_generation_tokens", self.req_gen),
             ):
-                head(name, "histogram", help_)
+                head(name, "histogram")
                 h.render(PREFIX + name, out, lab)
-            head("http_responses_total", "counter", "HTTP responses by endpoint and status.", OWN)
+            head("http_responses_total", "counter", OWN)
             for (ep, st), c in sorted(self.http.items()):
                 out.append(f'{OWN}http_responses_total{{endpoint="{_esc(ep)}",status="{st}"}} {c}')
-            for key, kind, help_ in (("open", "gauge", "Open connections."),
-                                     ("evicted_idle", "counter", "Idle keep-alive connections closed at the cap."),
-                                     ("evicted_slow", "counter", "Slow senders closed at the cap."),
-                                     ("refused", "counter", "Connections refused beyond the cap and its reserve.")):
+            for key, kind in (("open", "gauge"), ("evicted_idle", "counter"), ("evicted_slow", "counter"), ("refused", "counter")):
                 if conns is not None:
                     name = "connections_" + key + ("_total" if kind == "counter" else "")
-                    head(name, kind, help_, OWN)
+                    head(name, kind, OWN)
                     out.append(f"{OWN}{name} {conns[key]}")
         return "\n".join(out) + "\n"
 
@@ -200,7 +198,7 @@ class Metrics:
             "n": len(reqs),
             "requests": reqs,
             "summary": summary,
-            "prefix_cache_hit_rate": hit / total_p if total_p else 0.0,
+            "hit_ratio": schema.hit_ratio(total_p, hit),
             "finish_reasons": dict(collections.Counter(r.get("finish_reason") for r in reqs)),
             "steps": {"n": len(steps), "step_ms_p50": _pct(step_ms, 50) if step_ms else 0.0,
                       "step_ms_p90": _pct(step_ms, 90) if step_ms else 0.0,

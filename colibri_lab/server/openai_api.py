@@ -98,6 +98,7 @@ def _common_kwargs(b: C.Body, engine, *, default_max: int | None):
     spec = prep.speculative(engine, b.raw("speculative"))
     if spec is not None:
         kw["speculative"] = spec
+    prep.request_params(dict(kw, stop=stops))
     conv = b.str("conversation")
     if conv is not None and not (1 <= len(conv) <= 256):
         raise bad("conversation must be 1-256 characters", param="conversation")

@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from colibri_lab.errors import InvalidRequestError
+from colibri_lab.params import RequestParams, Speculative
 
 from . import common as C
 from .common import ApiError, bad
@@ -142,55 +143,43 @@ def budget(engine, n_prompt: int, max_tokens: int | None, param: str = "messages
     return room if max_tokens is None else min(max_tokens, room)
 
 
-SPEC_KEYS = {"sources", "k_max", "adaptive", "ngram_max", "ngram_min", "enabled"}
-SPEC_SOURCES = ("grammar", "prompt_lookup", "draft", "layer_skip", "cross_vocab")
-
-
 def speculative(engine, v) -> dict | None:
-    """Validate the `speculative` extension object
-    {"sources": [...] | str, "k_max", "adaptive", "ngram_max", "ngram_min", "enabled"};
-    returns the engine's settings (without `enabled`), or None when absent / disabled."""
+    """The `speculative` extension object: RequestParams' speculative settings
+    {"sources": [...] | str, "k_max", "adaptive", "ngram_max", "ngram_min"}
+    plus "enabled" (false: off).  Returns the settings, or None when absent or
+    off; the bounds are RequestParams' (checked when the request is built)."""
     if v is None:
         return None
     if not isinstance(v, dict):
         raise bad("speculative must be an object", param="speculative")
-    unknown = sorted(set(v) - SPEC_KEYS)
-    if unknown:
-        raise bad(f"speculative: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(SPEC_KEYS))})",
-                  param="speculative")
-    src = v.get("sources", [])
-    if isinstance(src, str):
-        src = [src]
-    if not isinstance(src, list) or any(s not in SPEC_SOURCES for s in src):
-        raise bad(f"speculative.sources must be a list drawn from {list(SPEC_SOURCES)}", param="speculative.sources")
-    for k in ("k_max", "ngram_max", "ngram_min"):
-        if k in v and (isinstance(v[k], bool) or not isinstance(v[k], int) or not 0 <= v[k] <= 64):
-            raise bad(f"speculative.{k} must be an integer in [0, 64]", param=f"speculative.{k}")
-    for k in ("adaptive", "enabled"):
-        if k in v and not isinstance(v[k], bool):
-            raise bad(f"speculative.{k} must be a boolean", param=f"speculative.{k}")
-    if v.get("enabled") is False or not src:
-        return None
-    if not C.engine_accepts(engine, "speculative"):
-        raise bad("speculative: speculative decoding is not available yet in this engine build",
-                  param="speculative")
+    enabled = v.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise bad("speculative.enabled must be a boolean", param="speculative.enabled")
     out = {k: val for k, val in v.items() if k != "enabled"}
-    out["sources"] = list(src)
+    try:
+        sp = Speculative.of(out)
+    except InvalidRequestError as e:
+        raise bad(str(e), param=getattr(e, "param", "speculative")) from None
+    if not enabled or not sp.sources:
+        return None
     return out
 
 
 def sampling(b: C.Body, engine, *, default_temperature: float = 1.0, openai: bool = True) -> dict:
-    """Engine sampling keywords from the common fields."""
+    """RequestParams sampling fields from the common body fields.  Types are
+    checked here (with the API's field names); the bounds are RequestParams'
+    own, the same for every route and for Engine.  An absent temperature is
+    the API's default (1.0), not the engine's greedy 0."""
     kw = {}
-    t = b.num("temperature", default_temperature, 0.0, 2.0)
+    t = b.num("temperature", default_temperature)
     kw["temperature"] = t
-    kw["top_p"] = b.num("top_p", 1.0, 0.0, 1.0, lo_open=True)
-    kw["top_k"] = b.int("top_k", 0, 0, 1 << 20)
+    kw["top_p"] = b.num("top_p", 1.0)
+    kw["top_k"] = b.int("top_k", 0)
     if openai:
-        kw["min_p"] = b.num("min_p", 0.0, 0.0, 1.0)
-        kw["presence_penalty"] = b.num("presence_penalty", 0.0, -2.0, 2.0)
-        kw["frequency_penalty"] = b.num("frequency_penalty", 0.0, -2.0, 2.0)
-        kw["repeat_penalty"] = b.num("repeat_penalty", 1.0, 0.0, 10.0, lo_open=True)
+        kw["min_p"] = b.num("min_p", 0.0)
+        kw["presence_penalty"] = b.num("presence_penalty", 0.0)
+        kw["frequency_penalty"] = b.num("frequency_penalty", 0.0)
+        kw["repeat_penalty"] = b.num("repeat_penalty", 1.0)
         bias = C.logit_bias(b.raw("logit_bias"), "logit_bias", int(engine.info["n_vocab"]))
         if bias:
             kw["logit_bias"] = bias
@@ -199,6 +188,15 @@ def sampling(b: C.Body, engine, *, default_temperature: float = 1.0, openai: boo
         seed = secrets.randbits(63) if t > 0 else 0
     kw["seed"] = seed
     return kw
+
+
+def request_params(kw: dict) -> None:
+    """Check a request's settings against RequestParams now, before anything
+    is submitted, as a 400 naming the field."""
+    try:
+        RequestParams.from_kwargs(**{k: v for k, v in kw.items() if k in RequestParams.NAMES})
+    except InvalidRequestError as e:
+        raise bad(str(e), param=getattr(e, "param", None)) from None
 
 
 def choice_seeds(kw: dict, n: int) -> list[dict]:
@@ -222,5 +220,4 @@ def extension_grammar(b: C.Body, engine) -> str | None:
     if len(g.encode("utf-8")) > MAX_GRAMMAR_BYTES:
         raise bad(f"grammar is {len(g.encode('utf-8'))} bytes; the limit is {MAX_GRAMMAR_BYTES}", param="grammar",
                   code="grammar_too_large")
-    C.require_grammar(engine, "grammar")
     return g

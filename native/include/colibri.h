@@ -326,7 +326,8 @@ typedef enum {
 
 const char *cb_finish_str(int finish);  /* "stop", "length", ... */
 
-/* Per-request metrics, DESIGN.md names (Python adds its own queue wait to queue_ms). */
+/* Per-request metrics (colibri_lab/metrics.py names every field; Python adds its own queue
+ * wait to the times measured from submit). */
 typedef struct {
     int    prompt_tokens;
     int    cached_tokens;        /* prompt tokens served from KV prefix reuse */
@@ -439,12 +440,12 @@ typedef struct {
     int     rows_decode;     /* decode rows (one per running request) */
     int     rows_prefill;    /* prompt rows computed */
     int     n_running;
-    double  step_ms;
+    double  step_ms;         /* = the sum of the seven phases below (a partition) */
     double  matmul_ms, attention_ms, lm_head_ms, sampling_ms, grammar_ms, draft_ms, other_ms;
     /* MoE models (0 for dense ones): */
     int64_t experts_unique;  /* expert FFNs computed: unique (layer, expert) pairs routed by the step's rows */
     int64_t experts_routed;  /* (row, layer, expert) routings = rows * layers * experts_used */
-    /* finer profile (issue 9): parts of other_ms, synchronisation, matmul by weight type */
+    /* finer profile: parts of other_ms, synchronisation, matmul by weight type */
     double  norm_ms;         /* RMSNorms (part of other_ms) */
     double  rope_ms;         /* RoPE and KV stores run on their own (part of other_ms); a decode
                               * step with >= 2 rows per thread runs them in attention_ms */
@@ -480,8 +481,6 @@ int cb_engine_forward_argmax(cb_engine *engine, int slot, const int32_t *tokens,
                              const uint8_t *skip, int32_t *argmax_out, char *err, size_t err_len);
 
 /* ------------------------------------------------- experts (MoE models) */
-/* BEGIN experts API (issue 8) */
-
 /* Experts per MoE layer, experts routed per token, hidden size of one
  * expert (all 0 for a dense model). */
 void cb_model_moe_info(const cb_model *model, int *n_expert, int *n_expert_used, int *n_ff_exp);
@@ -496,8 +495,6 @@ int cb_engine_expert_counts(const cb_engine *engine, int64_t *out, int64_t cap);
  * (header written when the file is empty).  NULL or "" stops tracing.
  * CB_ERR_IO if the file cannot be opened; CB_ERR_UNSUPPORTED for a dense model. */
 int cb_engine_route_trace(cb_engine *engine, const char *path, char *err, size_t err_len);
-
-/* END experts API */
 
 /* ---------------------------------------------------------------- kernels */
 

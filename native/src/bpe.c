@@ -23,14 +23,7 @@
 #include "bpe_unicode.h"
 #include "gguf.h"
 #include "model.h"
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || !err_len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
+#include "util.h"
 
 /* How a pre-tokenizer splits text (groups of tokenizer.ggml.pre names). */
 typedef enum {

@@ -17,6 +17,7 @@
 #include "score.h"
 #include "spec.h"
 #include "stopstr.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -119,20 +120,6 @@ struct cb_engine {
 
 #define CB_FORCED_MAX 256  /* longest grammar-forced span drafted at once (bytes) */
 #define CB_MIN_REUSE  32   /* prefix matches shorter than this do not steer slot choice */
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || !err_len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 const char *cb_status_str(int s) {
     switch (s) {
@@ -1081,7 +1068,8 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     S->sampling_ms = t1 - ts - e->step_grammar_ms;
     S->grammar_ms = e->step_grammar_ms;
     S->draft_ms = e->step_draft_ms;
-    S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms;
+    /* the remainder, so the seven phases partition step_ms (drafting ran before ts) */
+    S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms - S->draft_ms;
     S->norm_ms = c->t_norm - n0;
     S->rope_ms = c->t_rope - r0;
     S->sync_ms = cb_pool_wait_ms(e->pool) - w0;

@@ -26,18 +26,13 @@
  * a fixed order, so a row's result does not depend on the batch around it.
  */
 #include "forward.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 int cb_ctx_init(cb_ctx *c, const cb_model *m, const cb_kernels *k, cb_pool *pool,
                 int n_slots, int n_ctx, int n_batch, int n_logits, int kv_f16, char *err, size_t err_len) {
@@ -616,7 +611,6 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
     const cb_model *m = c->model;
     const cb_model_info *I = &m->info;
     const int n = b->n, D = I->n_embd;
-    double t0 = now_ms(), tm0 = c->t_matmul, ta0 = c->t_attention, th0 = c->t_lm_head;
 
     /* embeddings and RoPE angles (shared by all layers of a kind) */
     for (int r = 0; r < n; r++) {
@@ -715,5 +709,4 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
     }
     c->n_forward++;
     if (c->trace) fflush(c->trace);  /* readable while the engine runs */
-    c->t_other += (now_ms() - t0) - (c->t_matmul - tm0) - (c->t_attention - ta0) - (c->t_lm_head - th0);
 }

@@ -86,8 +86,8 @@ typedef struct {
     int64_t trace_step;           /* engine step written in the route trace (set by the engine; -1 unknown) */
     FILE  *trace;                 /* route trace (CSV) or NULL; owned */
     /* time accumulated by phase since the last reset (ms) */
-    double t_matmul, t_attention, t_lm_head, t_other;
-    double t_norm, t_rope;        /* RMSNorms; RoPE + KV stores (inside t_other / t_attention) */
+    double t_matmul, t_attention, t_lm_head;
+    double t_norm, t_rope;        /* RMSNorms; RoPE + KV stores (parts of the step's other_ms, or of t_attention) */
     double t_matmul_type[CB_N_TYPES]; /* matmul time by weight type (GGML id), excluding the LM head */
 } cb_ctx;
 

@@ -31,6 +31,7 @@
 
 #include "colibri.h"
 #include "kernels.h"
+#include "util.h"
 
 /* Fixed header: magic, version, n_tensors, n_kv. */
 #define GGUF_HEADER_BYTES 24u
@@ -50,15 +51,6 @@
 #define GGUF_DEFAULT_ALIGN  32u
 
 /* ------------------------------------------------------------ messages */
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* A name from the file, made safe to print: at most 80 bytes, non-printable
  * bytes replaced by '?', so messages stay ASCII (Python decodes them) and short. */

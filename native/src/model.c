@@ -7,20 +7,13 @@
  * row, not new code, as long as it shares the block structure.
  */
 #include "model.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || !err_len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* --------------------------------------------------------- architectures */
 

@@ -469,10 +469,6 @@ int cb_lookup_draft_ex(const int32_t *hist, int n, int ngram_min, int ngram_max,
     return k;
 }
 
-int cb_lookup_draft(const int32_t *hist, int n, int ngram_min, int ngram_max, int k, int32_t *out) {
-    return cb_lookup_draft_ex(hist, n, ngram_min, ngram_max, k, out, NULL);
-}
-
 /* ----------------------------------------------------------------- policy */
 
 #define CB_SPEC_WARMUP  4    /* verified drafts of a class before it may draft deeper than 2 */

@@ -124,7 +124,6 @@ void cb_xdrafter_draft(cb_xdrafter *x, cb_draft_job *jobs, int n_jobs);
  * CB_LOOKUP_MATCH_CAP whatever ngram_max is: how long the text has been
  * copying, which predicts how far the draft will be accepted. */
 #define CB_LOOKUP_MATCH_CAP 32
-int cb_lookup_draft(const int32_t *hist, int n_hist, int ngram_min, int ngram_max, int k, int32_t *out);
 int cb_lookup_draft_ex(const int32_t *hist, int n_hist, int ngram_min, int ngram_max, int k, int32_t *out,
                        int *match_len);
 /* Acceptance class of a lookup draft by its match length (0..CB_SPEC_N_CLASS-1). */

@@ -13,18 +13,11 @@
  * on text; strings are <= 256 bytes and there are at most 8.
  */
 #include "stopstr.h"
+#include "util.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || !err_len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 int cb_stopstr_init(cb_stopstr *s, int n, const char *const *strs, const size_t *lens,
                     char *err, size_t err_len) {
