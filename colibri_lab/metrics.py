@@ -19,7 +19,8 @@ sampling, grammar masks, and "other": admission, norms, RoPE, batch building,
 KV bookkeeping).  Finer details (norm_ms, rope_ms are parts of other_ms;
 sync_ms is spread over the phases) are listed apart, so nothing stacks them.
 
-External names (OpenAI and Anthropic usage, llama.cpp `timings`, the
+External names (OpenAI chat / completions and Responses usage, Anthropic
+usage, llama.cpp `timings`, the
 Prometheus families of /metrics, DataFrame columns) are one table each below,
 every entry naming the schema fields it is computed from.  The server, the
 experiment results, the plots and the CLI read these tables; a test walks
@@ -256,6 +257,14 @@ OPENAI_USAGE = (
     External("prompt_tokens_details.cached_tokens", ("cached_tokens",), lambda m: _i(m, "cached_tokens")),
     External("completion_tokens_details.reasoning_tokens", (), lambda m: 0),
 )
+RESPONSES_USAGE = (   # OpenAI's Responses API
+    External("input_tokens", ("prompt_tokens",), lambda m: _i(m, "prompt_tokens")),
+    External("input_tokens_details.cached_tokens", ("cached_tokens",), lambda m: _i(m, "cached_tokens")),
+    External("output_tokens", ("completion_tokens",), lambda m: _i(m, "completion_tokens")),
+    External("output_tokens_details.reasoning_tokens", (), lambda m: 0),
+    External("total_tokens", ("prompt_tokens", "completion_tokens"),
+             lambda m: _i(m, "prompt_tokens") + _i(m, "completion_tokens")),
+)
 ANTHROPIC_USAGE = (
     External("input_tokens", ("prompt_tokens", "cached_tokens"), _prompt_n),
     External("output_tokens", ("completion_tokens",), lambda m: _i(m, "completion_tokens")),
@@ -340,6 +349,10 @@ def _nest(table, m: Mapping) -> dict:
 def openai_usage(m: Mapping) -> dict:
     """OpenAI `usage` from summed request metrics (prompt_tokens, cached_tokens, completion_tokens)."""
     return _nest(OPENAI_USAGE, m)
+
+
+def responses_usage(m: Mapping) -> dict:
+    return _nest(RESPONSES_USAGE, m)
 
 
 def anthropic_usage(m: Mapping) -> dict:

@@ -120,7 +120,8 @@ def _keys(d: dict, prefix: str = "") -> set:
 
 
 def test_schema_tables_refer_to_schema_fields():
-    for table in (schema.OPENAI_USAGE, schema.ANTHROPIC_USAGE, schema.LLAMACPP_TIMINGS, schema.PROMETHEUS):
+    for table in (schema.OPENAI_USAGE, schema.RESPONSES_USAGE, schema.ANTHROPIC_USAGE, schema.LLAMACPP_TIMINGS,
+                  schema.PROMETHEUS):
         for e in table:
             assert set(e.sources) <= set(schema.REQUEST), e
     assert set(schema.PHASES) <= set(schema.STEP)
@@ -146,6 +147,10 @@ def test_every_external_name_comes_from_the_schema(engine, server, make_tiny):
     st, _, data = raw(server, "POST", "/v1/messages", {"model": "smollm2", "messages": MSG, "max_tokens": 4})
     body = json.loads(data)
     assert st == 200 and set(body["usage"]) == {e.name for e in schema.ANTHROPIC_USAGE}
+    assert set(body["timings"]) == {e.name for e in schema.LLAMACPP_TIMINGS}
+    st, _, data = raw(server, "POST", "/v1/responses", {"model": "smollm2", "input": "Hi", "max_output_tokens": 4})
+    body = json.loads(data)
+    assert st == 200 and _keys(body["usage"]) == {e.name for e in schema.RESPONSES_USAGE}, body
     assert set(body["timings"]) == {e.name for e in schema.LLAMACPP_TIMINGS}
     # /metrics: every family
     _, _, data = raw(server, "GET", "/metrics")

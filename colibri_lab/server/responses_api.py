@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import re
 
+from colibri_lab import metrics as schema
+
 from . import common as C
 from . import prep
 from .common import ApiError, bad
@@ -239,6 +241,7 @@ def responses(ctx, data) -> None:
     spec = prep.speculative(engine, b.raw("speculative"))
     if spec is not None:
         kw["speculative"] = spec
+    prep.request_params(kw)
     fmt_grammar, fmt = _text_format(engine, b.raw("text"))
     tool_grammar = tm.grammar(engine, "tool_choice")
     if fmt_grammar is not None and tool_grammar is not None:
@@ -289,9 +292,7 @@ def _call_item(c: dict, status: str = "completed", args: str | None = None) -> d
 def _usage(m: dict | None) -> dict | None:
     if m is None:
         return None
-    p, cached, out = int(m.get("prompt_tokens", 0)), int(m.get("cached_tokens", 0)), int(m.get("completion_tokens", 0))
-    return {"input_tokens": p, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": out,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + out}
+    return schema.responses_usage(m)
 
 
 def _response(rid, created, req, output, metrics, finish_reason, status=None, error=None) -> dict:
