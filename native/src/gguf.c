@@ -437,94 +437,96 @@ static int parse_tensor_info(cursor *c, cb_gguf_tensor *t, uint64_t index, int64
     return CB_OK;
 }
 
-int cb_gguf_parse(cb_gguf *g, const void *data, size_t size, char *err, size_t err_len)
+/* Magic, version and the two counts, each count bounded by what the rest of
+ * the file could hold (so nothing is allocated for a lie). */
+static int parse_header(cursor *c, cb_gguf *g, uint64_t *n_tensors_out, uint64_t *n_kv_out)
 {
-    if (err && err_len) err[0] = 0;
-    if (!g) { set_err(err, err_len, "cb_gguf_parse: NULL struct"); return CB_ERR_ARG; }
-    memset(g, 0, sizeof *g);
-    if (!data && size) { set_err(err, err_len, "cb_gguf_parse: NULL buffer"); return CB_ERR_ARG; }
-
-    cursor c = { .base = data, .size = size, .pos = 0, .err = err, .err_len = err_len };
-    g->base = data;
-    g->size = size;
+    char *err = c->err;
+    size_t err_len = c->err_len, size = c->size;
     int rc;
-
-    /* --- header --- */
     if (size < 4) {
         set_err(err, err_len, "truncated: file is %zu bytes, too small to hold the GGUF magic", size);
         return CB_ERR_FORMAT;
     }
-    uint32_t magic = le32(c.base);
-    if (memcmp(c.base, "GGUF", 4) != 0) {
+    uint32_t magic = le32(c->base);
+    if (memcmp(c->base, "GGUF", 4) != 0) {
         set_err(err, err_len, "bad magic 0x%08x (expected 'GGUF'): not a GGUF file", magic);
         return CB_ERR_FORMAT;
     }
-    c.pos = 4;
-    if ((rc = rd_u32(&c, &g->version, "header version"))) goto fail;
+    c->pos = 4;
+    if ((rc = rd_u32(c, &g->version, "header version"))) return rc;
     if (g->version == 1) {
         set_err(err, err_len, "GGUF version 1 is not supported (only versions 2 and 3)");
-        rc = CB_ERR_UNSUPPORTED;
-        goto fail;
+        return CB_ERR_UNSUPPORTED;
     }
     if (g->version != 2 && g->version != 3) {
         set_err(err, err_len, "unknown GGUF version %u%s (only versions 2 and 3)", g->version,
                 (g->version & 0xffff) == 0 ? ", perhaps a big-endian file," : "");
-        rc = CB_ERR_FORMAT;
-        goto fail;
+        return CB_ERR_FORMAT;
     }
     uint64_t n_tensors, n_kv;
-    if ((rc = rd_u64(&c, &n_tensors, "header n_tensors"))) goto fail;
-    if ((rc = rd_u64(&c, &n_kv, "header n_kv"))) goto fail;
+    if ((rc = rd_u64(c, &n_tensors, "header n_tensors"))) return rc;
+    if ((rc = rd_u64(c, &n_kv, "header n_kv"))) return rc;
 
     /* Counts bounded by what the rest of the file could hold. */
-    uint64_t left = cur_left(&c);
+    uint64_t left = cur_left(c);
     if (n_kv > left / GGUF_MIN_KV_BYTES) {
         set_err(err, err_len,
                 "n_kv = %llu is too large: the remaining %llu bytes hold at most %llu key/value pairs (truncated or corrupt file)",
                 (unsigned long long)n_kv, (unsigned long long)left,
                 (unsigned long long)(left / GGUF_MIN_KV_BYTES));
-        rc = CB_ERR_FORMAT; goto fail;
+        return CB_ERR_FORMAT;
     }
     if (n_tensors > left / GGUF_MIN_TENSOR_BYTES
         || n_kv * GGUF_MIN_KV_BYTES + n_tensors * GGUF_MIN_TENSOR_BYTES > left) {
         set_err(err, err_len,
                 "n_tensors = %llu is too large: the remaining %llu bytes cannot hold that many tensor infos after %llu key/value pairs (truncated or corrupt file)",
                 (unsigned long long)n_tensors, (unsigned long long)left, (unsigned long long)n_kv);
-        rc = CB_ERR_FORMAT; goto fail;
+        return CB_ERR_FORMAT;
     }
 
-    /* --- key/value pairs --- */
+    *n_tensors_out = n_tensors;
+    *n_kv_out = n_kv;
+    return CB_OK;
+}
+
+/* The key/value pairs (unique keys) and general.alignment. */
+static int parse_kvs(cursor *c, cb_gguf *g, uint64_t n_kv)
+{
+    char *err = c->err;
+    size_t err_len = c->err_len;
+    int rc;
     if (n_kv) {
         g->kv = calloc((size_t)n_kv, sizeof *g->kv);
-        if (!g->kv) { set_err(err, err_len, "out of memory for %llu keys", (unsigned long long)n_kv); rc = CB_ERR_NOMEM; goto fail; }
+        if (!g->kv) { set_err(err, err_len, "out of memory for %llu keys", (unsigned long long)n_kv); return CB_ERR_NOMEM; }
         g->n_kv = n_kv;  /* set now so that close() frees every arr_str */
     }
     for (uint64_t i = 0; i < n_kv; i++) {
         cb_gguf_kv *kv = &g->kv[i];
-        size_t at = c.pos;
-        if ((rc = rd_str(&c, &kv->key, "key"))) goto fail;
+        size_t at = c->pos;
+        if ((rc = rd_str(c, &kv->key, "key"))) return rc;
         if (kv->key.len == 0 || kv->key.len > GGUF_MAX_KEY_LEN) {
             set_err(err, err_len, "key %llu at offset %zu has length %llu (must be 1..%u)",
                     (unsigned long long)i, at, (unsigned long long)kv->key.len, GGUF_MAX_KEY_LEN);
-            rc = CB_ERR_FORMAT; goto fail;
+            return CB_ERR_FORMAT;
         }
         if (memchr(kv->key.ptr, 0, (size_t)kv->key.len)) {
             set_err(err, err_len, "key '%s' contains a NUL byte", show(kv->key.ptr, kv->key.len).s);
-            rc = CB_ERR_FORMAT; goto fail;
+            return CB_ERR_FORMAT;
         }
-        if ((rc = rd_u32(&c, &kv->type, "value type"))) goto fail;
-        if ((rc = parse_value(&c, kv))) goto fail;
+        if ((rc = rd_u32(c, &kv->type, "value type"))) return rc;
+        if ((rc = parse_value(c, kv))) return rc;
     }
 
     if (n_kv > 1) {
         const cb_gguf_str **ptrs = malloc((size_t)n_kv * sizeof *ptrs);
-        if (!ptrs) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+        if (!ptrs) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
         for (uint64_t i = 0; i < n_kv; i++) ptrs[i] = &g->kv[i].key;
         const cb_gguf_str *dup = NULL;
         int d = find_dup(ptrs, n_kv, &dup);
         if (d) set_err(err, err_len, "duplicate key '%s'", show(dup->ptr, dup->len).s);
         free(ptrs);
-        if (d) { rc = CB_ERR_FORMAT; goto fail; }
+        if (d) { return CB_ERR_FORMAT; }
     }
 
     /* general.alignment: a u32 power of two, default 32. */
@@ -534,49 +536,66 @@ int cb_gguf_parse(cb_gguf *g, const void *data, size_t size, char *err, size_t e
         const cb_gguf_kv *kv = &g->kv[ai];
         if (kv->type != GGUF_T_U32) {
             set_err(err, err_len, "general.alignment has type %s (must be u32)", kv_type_name(kv->type));
-            rc = CB_ERR_FORMAT; goto fail;
+            return CB_ERR_FORMAT;
         }
         uint64_t a = kv->num.u;
         if (a == 0 || (a & (a - 1)) != 0) {
             set_err(err, err_len, "general.alignment = %llu is not a power of two", (unsigned long long)a);
-            rc = CB_ERR_FORMAT; goto fail;
+            return CB_ERR_FORMAT;
         }
         g->alignment = a;
     }
 
-    /* --- tensor infos --- */
-    int64_t unsupported_idx = -1;
+    return CB_OK;
+}
+
+/* The tensor infos (unique names); the first tensor of a type the engine
+ * cannot compute is noted in *unsupported_idx, refused only after the whole
+ * file is known to be well-formed. */
+static int parse_tensor_infos(cursor *c, cb_gguf *g, uint64_t n_tensors, int64_t *unsupported_idx)
+{
+    char *err = c->err;
+    size_t err_len = c->err_len;
+    int rc;
     if (n_tensors) {
         g->tensors = calloc((size_t)n_tensors, sizeof *g->tensors);
-        if (!g->tensors) { set_err(err, err_len, "out of memory for %llu tensors", (unsigned long long)n_tensors); rc = CB_ERR_NOMEM; goto fail; }
+        if (!g->tensors) { set_err(err, err_len, "out of memory for %llu tensors", (unsigned long long)n_tensors); return CB_ERR_NOMEM; }
         g->n_tensors = n_tensors;
     }
     for (uint64_t i = 0; i < n_tensors; i++)
-        if ((rc = parse_tensor_info(&c, &g->tensors[i], i, &unsupported_idx))) goto fail;
+        if ((rc = parse_tensor_info(c, &g->tensors[i], i, unsupported_idx))) return rc;
 
     if (n_tensors > 1) {
         const cb_gguf_str **ptrs = malloc((size_t)n_tensors * sizeof *ptrs);
-        if (!ptrs) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+        if (!ptrs) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
         for (uint64_t i = 0; i < n_tensors; i++) ptrs[i] = &g->tensors[i].name;
         const cb_gguf_str *dup = NULL;
         int d = find_dup(ptrs, n_tensors, &dup);
         if (d) set_err(err, err_len, "duplicate tensor name '%s'", show(dup->ptr, dup->len).s);
         free(ptrs);
-        if (d) { rc = CB_ERR_FORMAT; goto fail; }
+        if (d) { return CB_ERR_FORMAT; }
     }
 
-    /* --- data section --- */
-    uint64_t hdr_end = c.pos;
+    return CB_OK;
+}
+
+/* The data section after the header's padding: every tensor aligned, inside
+ * the file, and no two overlapping. */
+static int place_tensor_data(cursor *c, cb_gguf *g, uint64_t n_tensors)
+{
+    char *err = c->err;
+    size_t err_len = c->err_len, size = c->size;
+    uint64_t hdr_end = c->pos;
     uint64_t pad = (g->alignment - hdr_end % g->alignment) % g->alignment;
     if (pad > UINT64_MAX - hdr_end) {  /* unreachable with size_t sizes, kept for clarity */
-        set_err(err, err_len, "data offset overflows"); rc = CB_ERR_FORMAT; goto fail;
+        set_err(err, err_len, "data offset overflows"); return CB_ERR_FORMAT;
     }
     g->data_offset = hdr_end + pad;
     if (n_tensors && g->data_offset > size) {
         set_err(err, err_len,
                 "truncated: tensor data section starts at offset %llu, past end of file (size %zu)",
                 (unsigned long long)g->data_offset, size);
-        rc = CB_ERR_FORMAT; goto fail;
+        return CB_ERR_FORMAT;
     }
     uint64_t avail = n_tensors ? size - g->data_offset : 0;
     for (uint64_t i = 0; i < n_tensors; i++) {
@@ -585,7 +604,7 @@ int cb_gguf_parse(cb_gguf *g, const void *data, size_t size, char *err, size_t e
         if (t->offset % g->alignment != 0) {
             set_err(err, err_len, "tensor '%s' offset %llu is not aligned to %llu",
                     tn.s, (unsigned long long)t->offset, (unsigned long long)g->alignment);
-            rc = CB_ERR_FORMAT; goto fail;
+            return CB_ERR_FORMAT;
         }
         if (t->offset > avail || t->nbytes > avail - t->offset) {
             set_err(err, err_len,
@@ -594,14 +613,14 @@ int cb_gguf_parse(cb_gguf *g, const void *data, size_t size, char *err, size_t e
                     (unsigned long long)(t->offset + t->nbytes),  /* wraps only for the message */
                     t->nbytes > UINT64_MAX - t->offset ? " (overflows)" : "",
                     (unsigned long long)avail, (unsigned long long)g->data_offset, size);
-            rc = CB_ERR_FORMAT; goto fail;
+            return CB_ERR_FORMAT;
         }
-        t->data = c.base + g->data_offset + t->offset;
+        t->data = c->base + g->data_offset + t->offset;
     }
 
     if (n_tensors > 1) {
         span *sp = malloc((size_t)n_tensors * sizeof *sp);
-        if (!sp) { set_err(err, err_len, "out of memory"); rc = CB_ERR_NOMEM; goto fail; }
+        if (!sp) { set_err(err, err_len, "out of memory"); return CB_ERR_NOMEM; }
         for (uint64_t i = 0; i < n_tensors; i++)
             sp[i] = (span){ g->tensors[i].offset, g->tensors[i].offset + g->tensors[i].nbytes, i };
         qsort(sp, (size_t)n_tensors, sizeof *sp, cmp_span);
@@ -616,8 +635,29 @@ int cb_gguf_parse(cb_gguf *g, const void *data, size_t size, char *err, size_t e
                 bad = 1;
             }
         free(sp);
-        if (bad) { rc = CB_ERR_FORMAT; goto fail; }
+        if (bad) { return CB_ERR_FORMAT; }
     }
+
+    return CB_OK;
+}
+
+int cb_gguf_parse(cb_gguf *g, const void *data, size_t size, char *err, size_t err_len)
+{
+    if (err && err_len) err[0] = 0;
+    if (!g) { set_err(err, err_len, "cb_gguf_parse: NULL struct"); return CB_ERR_ARG; }
+    memset(g, 0, sizeof *g);
+    if (!data && size) { set_err(err, err_len, "cb_gguf_parse: NULL buffer"); return CB_ERR_ARG; }
+
+    cursor c = { .base = data, .size = size, .pos = 0, .err = err, .err_len = err_len };
+    g->base = data;
+    g->size = size;
+    uint64_t n_tensors = 0, n_kv = 0;
+    int64_t unsupported_idx = -1;
+    int rc;
+    if ((rc = parse_header(&c, g, &n_tensors, &n_kv))) goto fail;
+    if ((rc = parse_kvs(&c, g, n_kv))) goto fail;
+    if ((rc = parse_tensor_infos(&c, g, n_tensors, &unsupported_idx))) goto fail;
+    if ((rc = place_tensor_data(&c, g, n_tensors))) goto fail;
 
     /* Well-formed; refuse types the engine cannot compute with only now, so
      * that a malformed file always reports its format error first. */

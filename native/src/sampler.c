@@ -302,6 +302,131 @@ static void apply_penalties(const cb_sampling_params *p, float *l, float *cnt, i
 
 /* ----------------------------------------------------------------- sample */
 
+/* 5. log(sum_t exp(x_t - m)) at temperature 1, double accumulator.  x - m <= 0,
+ *    so expf never overflows; -inf entries add exactly 0.  With fill_probs
+ *    (sampling at temperature 1) the same exponentials of the n_valid ids in
+ *    idx are kept in pr as the unnormalised probabilities. */
+static double log_sum_exp(const float *l, int n_vocab, const int *idx, int n_valid, float m, float *pr,
+                          int fill_probs) {
+    double sum = 0.0;
+    if (fill_probs) {
+        for (int j = 0; j < n_valid; j++) {
+            int t = idx[j];
+            float e = expf(l[t] - m);
+            pr[t] = e;
+            sum += e;
+        }
+    } else {
+        for (int i = 0; i < n_vocab; i++) sum += expf(l[i] - m);
+    }
+    return log(sum);
+}
+
+/* 6. the n_lp best alternatives and their logprobs: insertion into a sorted
+ *    list of <= 20 entries; an entry not beating the current last is rejected
+ *    with one compare.  logprob(t) = (x_t - m) - log_sum: subtracting m first
+ *    keeps it exact-ish even when m is huge (m + log_sum would lose log_sum
+ *    entirely next to a max of FLT_MAX).  Returns how many were written. */
+static int top_alternatives(const float *l, int n_vocab, int n_lp, float m, double log_sum,
+                            int32_t *tt, float *tlp) {
+    int n_top = 0;
+    if (n_lp <= 0) return 0;
+    for (int i = 0; i < n_vocab; i++) {
+        if (l[i] == -INFINITY) continue;
+        if (n_top == n_lp && !before(l, i, tt[n_top - 1])) continue;
+        int j = n_top < n_lp ? n_top++ : n_lp - 1;
+        while (j > 0 && before(l, i, tt[j - 1])) { tt[j] = tt[j - 1]; j--; }
+        tt[j] = i;
+    }
+    for (int j = 0; j < n_top; j++) tlp[j] = (float)(((double)l[tt[j]] - (double)m) - log_sum);
+    return n_top;
+}
+
+/* 9. top-p: the smallest prefix of the candidates sorted best first with
+ *    mass >= top_p * total (at least one).  Sorted lazily: select the best
+ *    `chunk` of the unsorted rest, sort just those, and grow the chunk only
+ *    if the mass is not reached yet, so a peaked distribution costs one O(n)
+ *    select plus a sort of 256 ids.  Returns the candidates kept. */
+static int keep_top_p(const float *l, int *idx, const float *pr, int n, double total, float top_p) {
+    const double thr = (double)top_p * total;
+    double cum = 0.0;
+    int sorted = 0, chunk = 256, keep = n;
+    while (sorted < n) {
+        int end = n - sorted > chunk ? sorted + chunk : n;
+        if (end < n) select_top(l, idx + sorted, n - sorted, end - sorted);
+        sort_range(l, idx, sorted, end - 1);
+        for (int j = sorted; j < end; j++) {
+            cum += pr[idx[j]];
+            if (cum >= thr) { keep = j + 1; break; }
+        }
+        if (keep < n || end == n) break;
+        sorted = end;
+        chunk = chunk > (1 << 26) ? chunk : chunk * 4;
+    }
+    return keep;
+}
+
+/* 10. min-p: drop p < min_p * p_max (p_max measured, not assumed); the best
+ *     candidate (arg) always stays.  Returns the candidates kept. */
+static int keep_min_p(int *idx, const float *pr, int n, float min_p, int arg) {
+    float pmax = 0.0f;
+    for (int j = 0; j < n; j++) if (pr[idx[j]] > pmax) pmax = pr[idx[j]];
+    const float cut = min_p * pmax;
+    int w = 0;
+    for (int j = 0; j < n; j++) {
+        int t = idx[j];
+        if (pr[t] >= cut || t == arg) idx[w++] = t;
+    }
+    return w;
+}
+
+/* 7-11. Draw a token from the n_valid candidates in idx (their exponentials
+ *       already in pr at temperature 1): top-k, temperature, top-p, min-p,
+ *       then the inverse CDF over what is left. */
+static int draw(const cb_sampling_params *p, cb_rng *rng, const float *l, int *idx, float *pr, int n_valid,
+                float m, int arg) {
+    const float temp = p->temperature;
+    /* 7. top-k: the k best by quickselect (unordered). */
+    int n = n_valid;
+    if (p->top_k > 0 && p->top_k < n) {
+        if (p->top_k <= CB_HEAP_SELECT_MAX) select_top_heap(l, idx, n, p->top_k);
+        else select_top(l, idx, n, p->top_k);
+        n = p->top_k;
+    }
+    /* 8. temperature + softmax (unnormalised: the max has weight 1, the
+     *    argmax always survives top-k).  Total in double. */
+    double total = 0.0;
+    if (temp == 1.0f) {
+        for (int j = 0; j < n; j++) total += pr[idx[j]];
+    } else {
+        /* divide rather than multiply by 1/temp: a tiny temperature makes
+         * 1/temp inf and 0 * inf would be NaN for the max */
+        for (int j = 0; j < n; j++) {
+            int t = idx[j];
+            float e = expf((l[t] - m) / temp);
+            pr[t] = e;
+            total += e;
+        }
+    }
+    if (p->top_p < 1.0f && n > 1) n = keep_top_p(l, idx, pr, n, total, p->top_p);
+    if (p->min_p > 0.0f && n > 1) n = keep_min_p(idx, pr, n, p->min_p, arg);
+    /* 11. renormalise and draw (inverse CDF over the kept candidates). */
+    total = 0.0;
+    for (int j = 0; j < n; j++) total += pr[idx[j]];
+    const double u = cb_rng_uniform(rng) * total;
+    double acc = 0.0;
+    int last_pos = arg;     /* rounding fallback (u may round up to the total):
+                             * the last candidate with weight > 0 */
+    for (int j = 0; j < n; j++) {
+        float w = pr[idx[j]];
+        if (w <= 0.0f) continue;        /* underflowed: never drawn */
+        last_pos = idx[j];
+        acc += w;
+        if (u < acc) return idx[j];
+    }
+    return last_pos;
+}
+
 int cb_sample(const cb_sampling_params *p, cb_rng *rng, cb_sampler_scratch *s,
               const float *logits, const int32_t *history, int n_history,
               const uint32_t *mask, cb_sample_result *out) {
@@ -372,127 +497,10 @@ int cb_sample(const cb_sampling_params *p, cb_rng *rng, cb_sampler_scratch *s,
         return CB_OK;
     }
 
-    /* 5. log-sum-exp at temperature 1, double accumulator.  x - m <= 0, so
-     *    expf never overflows; -inf entries add exactly 0.  When sampling at
-     *    temperature 1 the same exponentials are the unnormalised probs. */
-    double sum = 0.0;
-    if (!greedy && temp == 1.0f) {
-        for (int j = 0; j < n_valid; j++) {
-            int t = idx[j];
-            float e = expf(l[t] - m);
-            pr[t] = e;
-            sum += e;
-        }
-    } else {
-        for (int i = 0; i < n_vocab; i++) sum += expf(l[i] - m);
-    }
-    /* logprob(t) = (x_t - m) - log(sum): subtracting m first keeps the
-     * result exact-ish even when m is huge (m + log(sum) would lose log(sum)
-     * entirely next to a max of FLT_MAX). */
-    const double log_sum = log(sum);
-
-    /* 6. top-N alternatives: insertion into a sorted list of <= 20 entries;
-     *    an entry not beating the current last is rejected with one compare. */
+    const double log_sum = log_sum_exp(l, n_vocab, idx, n_valid, m, pr, !greedy && temp == 1.0f);
     int n_lp = p->n_logprobs < 0 ? 0 : (p->n_logprobs > CB_MAX_LOGPROBS ? CB_MAX_LOGPROBS : p->n_logprobs);
-    int n_top = 0;
-    if (n_lp > 0) {
-        int32_t *tt = out->top_tokens;
-        for (int i = 0; i < n_vocab; i++) {
-            if (l[i] == -INFINITY) continue;
-            if (n_top == n_lp && !before(l, i, tt[n_top - 1])) continue;
-            int j = n_top < n_lp ? n_top++ : n_lp - 1;
-            while (j > 0 && before(l, i, tt[j - 1])) { tt[j] = tt[j - 1]; j--; }
-            tt[j] = i;
-        }
-        for (int j = 0; j < n_top; j++)
-            out->top_logprobs[j] = (float)(((double)l[tt[j]] - (double)m) - log_sum);
-    }
-    out->n_top = n_top;
-
-    int chosen;
-    if (greedy) {
-        chosen = arg;
-    } else {
-        /* 7. top-k: the k best by quickselect (unordered). */
-        int n = n_valid;
-        if (p->top_k > 0 && p->top_k < n) {
-            if (p->top_k <= CB_HEAP_SELECT_MAX) select_top_heap(l, idx, n, p->top_k);
-            else select_top(l, idx, n, p->top_k);
-            n = p->top_k;
-        }
-
-        /* 8. temperature + softmax (unnormalised: the max has weight 1, the
-         *    argmax always survives top-k).  Total in double. */
-        double total = 0.0;
-        if (temp == 1.0f) {
-            for (int j = 0; j < n; j++) total += pr[idx[j]];
-        } else {
-            /* divide rather than multiply by 1/temp: a tiny temperature
-             * makes 1/temp inf and 0 * inf would be NaN for the max */
-            for (int j = 0; j < n; j++) {
-                int t = idx[j];
-                float e = expf((l[t] - m) / temp);
-                pr[t] = e;
-                total += e;
-            }
-        }
-
-        /* 9. top-p: smallest prefix of the sorted candidates with mass >=
-         *    top_p (at least one).  Sort lazily: select the best `chunk` of
-         *    the unsorted rest, sort just those, and grow the chunk only if
-         *    the mass is not reached yet, so a peaked distribution costs one
-         *    O(n) select plus a sort of 256 ids. */
-        if (p->top_p < 1.0f && n > 1) {
-            const double thr = (double)p->top_p * total;
-            double cum = 0.0;
-            int sorted = 0, chunk = 256, keep = n;
-            while (sorted < n) {
-                int end = n - sorted > chunk ? sorted + chunk : n;
-                if (end < n) select_top(l, idx + sorted, n - sorted, end - sorted);
-                sort_range(l, idx, sorted, end - 1);
-                for (int j = sorted; j < end; j++) {
-                    cum += pr[idx[j]];
-                    if (cum >= thr) { keep = j + 1; break; }
-                }
-                if (keep < n || end == n) break;
-                sorted = end;
-                chunk = chunk > (1 << 26) ? chunk : chunk * 4;
-            }
-            n = keep;
-        }
-
-        /* 10. min-p: drop p < min_p * p_max (p_max measured, not assumed);
-         *     the best candidate always stays. */
-        if (p->min_p > 0.0f && n > 1) {
-            float pmax = 0.0f;
-            for (int j = 0; j < n; j++) if (pr[idx[j]] > pmax) pmax = pr[idx[j]];
-            const float cut = p->min_p * pmax;
-            int w = 0;
-            for (int j = 0; j < n; j++) {
-                int t = idx[j];
-                if (pr[t] >= cut || t == arg) idx[w++] = t;
-            }
-            n = w;
-        }
-
-        /* 11. renormalise and draw (inverse CDF over the kept candidates). */
-        total = 0.0;
-        for (int j = 0; j < n; j++) total += pr[idx[j]];
-        const double u = cb_rng_uniform(rng) * total;
-        double acc = 0.0;
-        chosen = -1;
-        int last_pos = arg;     /* rounding fallback (u may round up to the
-                                 * total): the last candidate with weight > 0 */
-        for (int j = 0; j < n; j++) {
-            float w = pr[idx[j]];
-            if (w <= 0.0f) continue;        /* underflowed: never drawn */
-            last_pos = idx[j];
-            acc += w;
-            if (u < acc) { chosen = idx[j]; break; }
-        }
-        if (chosen < 0) chosen = last_pos;
-    }
-
+    out->n_top = top_alternatives(l, n_vocab, n_lp, m, log_sum, out->top_tokens, out->top_logprobs);
+    const int chosen = greedy ? arg : draw(p, rng, l, idx, pr, n_valid, m, arg);
     out->token = chosen;
     out->logprob = (float)(((double)l[chosen] - (double)m) - log_sum);
     return CB_OK;
