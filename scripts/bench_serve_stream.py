@@ -1,0 +1,208 @@
+"""Streaming through the server: how long a token takes from the engine to the
+socket, and streamed tok/s through HTTP against the engine driven directly.
+
+    python scripts/bench_serve_stream.py --streams 1 16 --rounds 3 --out res.json
+
+Event -> socket latency: the scheduler's engine is wrapped so every token
+event is stamped (time.perf_counter, CLOCK_MONOTONIC) when cb_engine_step
+returns it; a client in another process reads the SSE stream line by line
+and stamps each content chunk as it arrives on the socket (same clock).  The
+k-th content chunk of a stream carries the k-th token of its request (ASCII
+prompts, no stop strings; a stream whose chunk count differs is dropped).
+
+Throughput: the same prompts at the same concurrency, (a) streamed through
+/v1/completions and (b) through Engine.stream_events in threads, tokens over
+wall time.  Both read the same engine, so the ratio is what the HTTP path
+costs.  The code under test is whatever `colibri_lab` imports (run it from
+two checkouts, interleaved, for a before / after).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+CLIENT = r"""
+import http.client, json, sys, threading, time
+port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+out = {}
+def one(i, p):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    body = json.dumps({"model": "m", "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True})
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    ts = []
+    while True:
+        line = r.fp.readline()
+        if not line:
+            break
+        if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+            t = time.perf_counter()
+            d = json.loads(line[6:])
+            if d["choices"] and d["choices"][0]["text"]:
+                ts.append(t)
+    out[i] = ts
+th = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
+t0 = time.perf_counter()
+for t in th: t.start()
+for t in th: t.join()
+print(json.dumps({"recv": out, "wall": time.perf_counter() - t0}))
+"""
+
+
+class Stamped:
+    """The engine core, with each token event's time recorded by request id."""
+
+    def __init__(self, core):
+        self._core = core
+        self.times: dict[int, list[float]] = {}
+        self.prompt_of: dict[int, tuple] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+    def submit(self, tokens, *a, **kw):
+        rid = self._core.submit(tokens, *a, **kw)
+        self.prompt_of[rid] = tuple(int(t) for t in tokens)
+        return rid
+
+    def step(self):
+        evs = self._core.step()
+        t = time.perf_counter()
+        for e in evs:
+            if e["type"] == "token":
+                self.times.setdefault(e["id"], []).append(t)
+        return evs
+
+
+def prompts_for(n):
+    return [f"Story {i}: Once upon a time, in a small village by the sea, there lived a" for i in range(n)]
+
+
+def run_http(eng, srv, stamped, n, max_tokens):
+    prompts = prompts_for(n)
+    stamped.times.clear()
+    stamped.prompt_of.clear()
+    r = subprocess.run([sys.executable, "-c", CLIENT, str(srv.port), json.dumps(prompts), str(max_tokens)],
+                       capture_output=True, text=True, check=True)
+    res = json.loads(r.stdout)
+    by_prompt = {stamped.prompt_of[rid]: ts for rid, ts in stamped.times.items()}
+    lat, dropped, toks = [], 0, 0
+    for i, p in enumerate(prompts):
+        ids = tuple(eng.tokenize(p))
+        ev = by_prompt.get(ids)
+        recv = res["recv"][str(i)]
+        toks += len(recv)
+        if ev is None or len(ev) != len(recv):
+            dropped += 1
+            continue
+        lat += [(b - a) * 1e3 for a, b in zip(ev, recv)]
+    return {"latency_ms": lat, "dropped": dropped, "tok_s": toks / res["wall"]}
+
+
+def run_direct(eng, n, max_tokens):
+    prompts = prompts_for(n)
+    counts = [0] * n
+
+    def one(i):
+        for ev in eng.stream_events(prompts[i], max_tokens=max_tokens, temperature=0):
+            if ev["text"]:
+                counts[i] += 1
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return {"tok_s": sum(counts) / (time.perf_counter() - t0)}
+
+
+def _boot_ci(vals, stat=statistics.median, n=2000, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    bs = sorted(stat([rng.choice(vals) for _ in vals]) for _ in range(n))
+    return bs[int(0.025 * n)], bs[int(0.975 * n) - 1]
+
+
+def summarize(paths):
+    """Markdown rows from runs saved with --out, grouped by --label (file name prefix before '-')."""
+    runs = {}
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        label = os.path.basename(p).split("-")[0]
+        for r in d["runs"]:
+            runs.setdefault((label, r["streams"]), []).append(r)
+    print("| code | streams | runs | event->socket p50 ms [95% CI] | p99 ms | HTTP tok/s | engine tok/s | "
+          "HTTP/engine median [95% CI] |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (label, n), rs in sorted(runs.items()):
+        p50 = [statistics.median(r["http"]["latency_ms"]) for r in rs]
+        p99 = [sorted(r["http"]["latency_ms"])[int(0.99 * (len(r["http"]["latency_ms"]) - 1))] for r in rs]
+        ratio = [r["http"]["tok_s"] / r["direct"]["tok_s"] for r in rs]
+        lo, hi = _boot_ci(p50)
+        rlo, rhi = _boot_ci(ratio)
+        print(f"| {label} | {n} | {len(rs)} | {statistics.median(p50):.2f} [{lo:.2f}, {hi:.2f}] | "
+              f"{statistics.median(p99):.2f} | {statistics.median(r['http']['tok_s'] for r in rs):.1f} | "
+              f"{statistics.median(r['direct']['tok_s'] for r in rs):.1f} | {statistics.median(ratio):.3f} "
+              f"[{rlo:.3f}, {rhi:.3f}] |")
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--summarize":
+        return summarize(sys.argv[2:])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    from colibri_lab.engine import Engine
+    from colibri_lab.scheduler import Scheduler
+    from colibri_lab.server import Server
+
+    eng = Engine(a.model, n_threads=a.threads, n_slots=max(a.streams), n_ctx=512)
+    eng.scheduler.close()
+    stamped = Stamped(eng.core)
+    eng.scheduler = Scheduler(stamped)
+    srv = Server(eng, port=0, model_id="m").start()
+    import colibri_lab
+
+    out = {"commit": os.environ.get("BENCH_COMMIT", ""), "package": colibri_lab.__file__, "runs": [],
+           "load_before": os.getloadavg()}
+    try:
+        run_http(eng, srv, stamped, 2, 8)          # warm-up
+        run_direct(eng, 2, 8)
+        for r in range(a.rounds):
+            for n in a.streams:
+                order = ("http", "direct") if r % 2 == 0 else ("direct", "http")
+                rec = {"round": r, "streams": n}
+                for kind in order:
+                    rec[kind] = run_http(eng, srv, stamped, n, a.max_tokens) if kind == "http" else \
+                        run_direct(eng, n, a.max_tokens)
+                out["runs"].append(rec)
+                lat = rec["http"]["latency_ms"]
+                print(f"round {r} streams {n}: event->socket p50 {statistics.median(lat):.3f} ms "
+                      f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.3f} ms (dropped {rec['http']['dropped']}), "
+                      f"http {rec['http']['tok_s']:.1f} tok/s, direct {rec['direct']['tok_s']:.1f} tok/s",
+                      flush=True)
+    finally:
+        srv.stop()
+        eng.close()
+    out["load_after"] = os.getloadavg()
+    with open(a.out, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
