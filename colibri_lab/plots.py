@@ -351,7 +351,7 @@ def acceptance_by_position_category(table, arms: Sequence[str] | None = None, ax
         g = table[table.arm == arm]
         for r in g.itertuples():
             ys = [getattr(r, c) for c in cols]
-            xs = [i + 1 for i, y in enumerate(ys) if y == y]
+            xs = [i for i, y in enumerate(ys) if y == y]      # positions are 0-based (colibri_lab.metrics)
             a.plot(xs, [y for y in ys if y == y], marker=".", label=r.category)
         a.set_title(arm)
         a.set_xlabel("draft position")

@@ -25,7 +25,7 @@ Metric names (vLLM's where it has one):
   spec_decode_num_drafts             verification rounds that carried drafts (vLLM num_drafts)
   spec_decode_num_draft_tokens       draft tokens proposed
   spec_decode_num_accepted_tokens    draft tokens accepted
-  spec_decode_num_accepted_tokens_per_pos   accepted tokens at draft position i (1-based)
+  spec_decode_num_accepted_tokens_per_pos   accepted tokens at draft position i (0-based)
   acceptance_rate                    accepted / draft tokens
   mean_acceptance_length             1 + accepted / drafts (tokens per verify step of a drafting request)
   acceptance_rate_per_pos            accepted at i / drafts (vLLM's per-position rate)
@@ -103,7 +103,7 @@ def spec_table(df, by: Sequence[str] = ("variant",)):
         row = dict(zip(by, key))
         row.update({k: s[k] for k in SPEC_METRICS})
         for i, v in enumerate(s["acceptance_rate_per_pos"]):
-            row[f"acceptance_rate_pos_{i + 1}"] = v
+            row[f"acceptance_rate_pos_{i}"] = v
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -343,7 +343,7 @@ def run_categories(make_engine, prompts: Mapping[str, Sequence], arms: Sequence[
     Returns (requests DataFrame, {category: {arm: spec_stats}})."""
     import pandas as pd
 
-    from colibri_lab.experiments.results import list_metric_columns
+    from colibri_lab.metrics import flat_columns as list_metric_columns
 
     rows, policy = [], {}
     slow_arms = dict(slow_arms or {})

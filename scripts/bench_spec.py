@@ -249,7 +249,7 @@ def main(argv=None) -> int:
     out.append("| category | arm | drafts | draft tokens | accepted | by position |")
     out.append("|---|---|---|---|---|---|")
     for r in sp.itertuples():
-        pos = [getattr(r, f"acceptance_rate_pos_{i}") for i in range(1, 17) if hasattr(r, f"acceptance_rate_pos_{i}")]
+        pos = [getattr(r, f"acceptance_rate_pos_{i}") for i in range(16) if hasattr(r, f"acceptance_rate_pos_{i}")]
         pos = [p for p in pos if p == p]
         out.append(f"| {r.category} | {r.arm} | {r.spec_decode_num_drafts} | {r.spec_decode_num_draft_tokens} | "
                    f"{r.spec_decode_num_accepted_tokens} | {', '.join(f'{p:.2f}' for p in pos[:12])} |")
