@@ -158,7 +158,7 @@ def test_metrics_vllm_names_and_types():
     m = Metrics()
     m.record({"prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 3, "ttft_ms": 50, "e2e_ms": 80,
               "draft_n": 6, "draft_accepted": 4, "draft_steps": 2, "draft_accepted_by_pos": [2, 2],
-              "finish_reason": "stop"}, gaps=[0.01, 0.02])
+              "itl_ms": [10.0, 20.0], "finish_reason": "stop"})
     text = m.render(1, 0, "m", n_slots=4, conns={"open": 3, "evicted_idle": 1, "evicted_slow": 0, "refused": 0})
     types = dict(ln.split()[2:4] for ln in text.splitlines() if ln.startswith("# TYPE "))
     want = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
