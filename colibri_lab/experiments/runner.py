@@ -126,7 +126,6 @@ class InProcess:
         interrupted = False
         started = time.time()
         load_before = load_average()
-        num_rows: list[dict] = []
         try:
             for block_i, (rep, vname) in enumerate(order):
                 v = by_name[vname]
@@ -144,8 +143,6 @@ class InProcess:
                 if stop:
                     interrupted = True
                     break
-            if spec.numerics and not interrupted:
-                num_rows = run_numerics(self, rows)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -155,7 +152,6 @@ class InProcess:
         meta.update(blocks=blocks, interrupted=interrupted, started=started, finished=time.time(),
                     workload_items=len(wl), workload_requests=wl.n_requests, backend={"kind": INPROCESS})
         res = Results.from_rows(rows, steps, meta)
-        res.numerics = Results.numerics_frame(num_rows)
         return res
 
 
