@@ -147,6 +147,11 @@ static inline float cb_kq_acc(float acc, int isum_sc, float d, const cb_block_q8
     return acc;
 }
 
+/* The Q6_K panel kernels' integer offsets: for each of n activation blocks,
+ * xc[2i] = -32 * sum(qs[0..16)) and xc[2i + 1] = -32 * sum(qs[16..32)), so a
+ * 16-weight half read as unsigned q in 0..63 starts its exact sum there. */
+void cb_kq_q6_offsets(const cb_block_q8 *xq, int64_t n, int32_t *xc);
+
 /* Dequantize n (multiple of 256) weights of one row. */
 void cb_kq_row_f32(int type, const void *row, int64_t n, float *out);
 

@@ -271,13 +271,7 @@ KQ_ATTR static void kp_matmul_q6_K(const cb_weight *w, const cb_block_q8 *xq, in
     if (g >= KP_ROWS) g -= g % KP_ROWS;
     for (int r0 = 0; r0 < n_rows; r0 += (int)g) {
         const int r1 = r0 + g < n_rows ? r0 + (int)g : n_rows;
-        for (int64_t i = 0; i < (int64_t)(r1 - r0) * nb; i++) {
-            const int8_t *qs = xq[(int64_t)r0 * nb + i].qs;
-            int32_t lo = 0, hi = 0;
-            for (int j = 0; j < 16; j++) { lo += qs[j]; hi += qs[j + 16]; }
-            xc[2 * i] = -32 * lo;
-            xc[2 * i + 1] = -32 * hi;
-        }
+        cb_kq_q6_offsets(xq + (int64_t)r0 * nb, (int64_t)(r1 - r0) * nb, xc);
         kp_rows(CB_TYPE_Q6_K, w, xq + (int64_t)r0 * nb, xc, r1 - r0, y + (int64_t)r0 * ldy, ldy, o0, o1);
     }
 }

@@ -68,6 +68,15 @@ void cb_kq_pack_block(int type, const uint8_t *blk, int j, uint8_t *pk) {
     }
 }
 
+void cb_kq_q6_offsets(const cb_block_q8 *xq, int64_t n, int32_t *xc) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t lo = 0, hi = 0;
+        for (int j = 0; j < 16; j++) { lo += xq[i].qs[j]; hi += xq[i].qs[j + 16]; }
+        xc[2 * i] = -32 * lo;
+        xc[2 * i + 1] = -32 * hi;
+    }
+}
+
 /* ------------------------------------------------------------ dequantize */
 
 /* Element order of every block type: sub-block j covers out[32j .. 32j+32). */
