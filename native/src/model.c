@@ -29,12 +29,12 @@ typedef struct {
  * do not; olmoe normalises the whole q / k projection; gemma3 normalises q
  * and k per head and has the gemma block (model.h). */
 static const cb_arch ARCHES[] = {
-    { "llama",    { 0, 0, 0, 0, 1, 0 }, 1 },
-    { "qwen2",    { 1, 1, 0, 0, 0, 0 }, 0 },
-    { "qwen3",    { 1, 0, 1, 0, 0, 0 }, 0 },
-    { "qwen3moe", { 1, 0, 1, 1, 1, 0 }, 0 },
-    { "olmoe",    { 1, 0, 2, 1, 0, 0 }, 0 },
-    { "qwen2moe", { 1, 1, 0, 1, 0, 1 }, 0 },
+    { "llama",    { 0, 0, 0, 0, 1, 0, 0 }, 1 },
+    { "qwen2",    { 1, 1, 0, 0, 0, 0, 0 }, 0 },
+    { "qwen3",    { 1, 0, 1, 0, 0, 0, 0 }, 0 },
+    { "qwen3moe", { 1, 0, 1, 1, 1, 0, 0 }, 0 },
+    { "olmoe",    { 1, 0, 2, 1, 0, 0, 0 }, 0 },
+    { "qwen2moe", { 1, 1, 0, 1, 0, 1, 0 }, 0 },
     { "gemma3",   { 1, 0, 1, 0, 0, 0, 1 }, 0 },
 };
 #define ARCH_NAMES "llama, qwen2, qwen3, qwen3moe, olmoe, qwen2moe, gemma3"
