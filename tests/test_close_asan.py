@@ -7,6 +7,7 @@ heap-use-after-free that ASan reports."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -55,8 +56,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_close_during_long_step_is_safe_under_asan(tmp_path, smollm2_path):
-    cc = os.environ.get("CC", "cc")
-    libasan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    cc = os.environ.get("CC", "cc")  # may carry a wrapper or flags ("ccache gcc"), as setuptools allows
+    libasan = subprocess.run(shlex.split(cc) + ["-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     assert os.path.isabs(libasan) and os.path.exists(libasan), f"no libasan.so from {cc}: {libasan!r}"
     pkg = tmp_path / "pkg"
     shutil.copytree(ROOT / "colibri_lab", pkg / "colibri_lab",
