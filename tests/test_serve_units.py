@@ -8,7 +8,10 @@ import json
 import jsonschema
 import pytest
 
-from colibri_lab.server import common as C
+from colibri_lab.server.body import Body, logit_bias, stop_list
+from colibri_lab.server.errors import ApiError
+from colibri_lab.server.tools import parse_tool_calls, tool_call_schema
+from colibri_lab.server.usage import timings
 from colibri_lab.server.metrics import Histogram, Metrics
 from colibri_lab.server.openai_api import ChoiceStream
 from colibri_lab.server.prep import ToolMode
@@ -19,60 +22,60 @@ TOOLS = [{"name": "get_weather", "description": "", "parameters": {
 
 
 def test_body_allowlist_and_types():
-    with pytest.raises(C.ApiError) as ei:
-        C.Body({"model": "m", "wat": 1}, {"model"})
+    with pytest.raises(ApiError) as ei:
+        Body({"model": "m", "wat": 1}, {"model"})
     assert ei.value.status == 400 and ei.value.param == "wat"
-    b = C.Body({"model": "m", "user": "u", "t": 0.5, "n": 2.0}, {"model", "t", "n"}, ignored={"user"})
+    b = Body({"model": "m", "user": "u", "t": 0.5, "n": 2.0}, {"model", "t", "n"}, ignored={"user"})
     assert "user" not in b.d
     assert b.num("t", 1.0, 0, 2) == 0.5 and b.int("n", 1, 1) == 2
     for bad in ("x", True, float("nan")):
-        with pytest.raises(C.ApiError):
-            C.Body({"t": bad}, {"t"}).num("t", 1.0)
-    with pytest.raises(C.ApiError):
-        C.Body([], {"t"})
+        with pytest.raises(ApiError):
+            Body({"t": bad}, {"t"}).num("t", 1.0)
+    with pytest.raises(ApiError):
+        Body([], {"t"})
 
 
 def test_logit_bias_clamped_and_checked():
-    assert C.logit_bias({"5": 250, "6": -1000, "7": 3}, "logit_bias", 10) == {5: 100.0, 6: -100.0, 7: 3.0}
+    assert logit_bias({"5": 250, "6": -1000, "7": 3}, "logit_bias", 10) == {5: 100.0, 6: -100.0, 7: 3.0}
     for bad in ({"x": 1}, {"10": 1}, {"-1": 1}, {"1": "a"}, [1]):
-        with pytest.raises(C.ApiError):
-            C.logit_bias(bad, "logit_bias", 10)
+        with pytest.raises(ApiError):
+            logit_bias(bad, "logit_bias", 10)
 
 
 def test_stop_list():
-    assert C.stop_list("a", "stop", 4) == ["a"]
-    assert C.stop_list(None, "stop", 4) == []
+    assert stop_list("a", "stop", 4) == ["a"]
+    assert stop_list(None, "stop", 4) == []
     for bad in (["a"] * 5, [""], 3, ["a", 1]):
-        with pytest.raises(C.ApiError):
-            C.stop_list(bad, "stop", 4)
+        with pytest.raises(ApiError):
+            stop_list(bad, "stop", 4)
 
 
 def test_parse_tool_calls():
-    one = C.parse_tool_calls('{"name": "get_weather", "arguments": {"city": "Paris"}}', TOOLS)
+    one = parse_tool_calls('{"name": "get_weather", "arguments": {"city": "Paris"}}', TOOLS)
     assert one == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
-    many = C.parse_tool_calls('[{"name": "get_time", "arguments": {}}, '
-                              '{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}]', TOOLS)
+    many = parse_tool_calls('[{"name": "get_time", "arguments": {}}, '
+                            '{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}]', TOOLS)
     assert [c["name"] for c in many] == ["get_time", "get_weather"] and many[1]["arguments"] == {"city": "Rome"}
-    fenced = C.parse_tool_calls('```json\n{"name": "get_time", "arguments": {}}\n```', TOOLS)
-    tagged = C.parse_tool_calls('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', TOOLS)
+    fenced = parse_tool_calls('```json\n{"name": "get_time", "arguments": {}}\n```', TOOLS)
+    tagged = parse_tool_calls('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', TOOLS)
     assert fenced == tagged == [{"name": "get_time", "arguments": {}}]
     for text in ("Hello", '{"name": "nope", "arguments": {}}', '{"name": "get_time", "arguments": 3}',
                  '{"name": "get_time"', "[]", ""):
-        assert C.parse_tool_calls(text, TOOLS) is None, text
+        assert parse_tool_calls(text, TOOLS) is None, text
 
 
 def test_tool_call_schema_validates_calls():
-    s = C.tool_call_schema(TOOLS, None, parallel=False)
+    s = tool_call_schema(TOOLS, None, parallel=False)
     jsonschema.validate({"name": "get_weather", "arguments": {"city": "Paris"}}, s)
     jsonschema.validate({"name": "get_time", "arguments": {}}, s)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "get_weather", "arguments": {}}, s)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "other", "arguments": {}}, s)
-    named = C.tool_call_schema(TOOLS, "get_time", parallel=False)
+    named = tool_call_schema(TOOLS, "get_time", parallel=False)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "get_weather", "arguments": {"city": "x"}}, named)
-    par = C.tool_call_schema(TOOLS, None, parallel=True)
+    par = tool_call_schema(TOOLS, None, parallel=True)
     jsonschema.validate([{"name": "get_time", "arguments": {}}], par)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([], par)
@@ -97,12 +100,12 @@ def test_choice_stream_auto_decides():
 
 
 def test_timings_shape():
-    t = C.timings({"prompt_tokens": 30, "cached_tokens": 10, "completion_tokens": 5, "prefill_ms": 40.0,
-                   "decode_ms": 20.0, "draft_n": 3, "draft_accepted": 2})
+    t = timings({"prompt_tokens": 30, "cached_tokens": 10, "completion_tokens": 5, "prefill_ms": 40.0,
+                 "decode_ms": 20.0, "draft_n": 3, "draft_accepted": 2})
     assert t["cache_n"] == 10 and t["prompt_n"] == 20 and t["prompt_per_token_ms"] == 2.0
     assert t["prompt_per_second"] == 500.0 and t["predicted_per_second"] == 250.0
     assert t["draft_n"] == 3 and t["draft_n_accepted"] == 2
-    z = C.timings({})
+    z = timings({})
     assert z["prompt_per_second"] == 0.0 and z["predicted_per_token_ms"] == 0.0
 
 
@@ -146,11 +149,11 @@ def test_cli_options_shared():
 
 
 def test_error_shapes():
-    e = C.ApiError(429, "slow down", headers={"Retry-After": "1"})
+    e = ApiError(429, "slow down", headers={"Retry-After": "1"})
     assert e.openai() == {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": None}}
     assert e.anthropic() == {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
-    assert C.ApiError(503, "x").anthropic()["error"]["type"] == "overloaded_error"
-    json.dumps(C.ApiError(400, "x", param="p", code="c").openai())
+    assert ApiError(503, "x").anthropic()["error"]["type"] == "overloaded_error"
+    json.dumps(ApiError(400, "x", param="p", code="c").openai())
 
 
 def test_metrics_vllm_names_and_types():

@@ -17,9 +17,13 @@ import json
 
 from colibri_lab import metrics as schema
 
-from . import common as C
+from .body import Body, check_keys, stop_list
+from .errors import ApiError, bad
+from .grammars import schema_grammar
+from .ids import new_id
+from .tools import parse_tool_calls
+from .usage import timings
 from . import prep
-from .common import ApiError, bad
 from .gen import ClientGone, Generation, Spec, drive, map_engine_error
 from .openai_api import ChoiceStream, check_model
 
@@ -39,7 +43,7 @@ def _text_blocks(v, where: str) -> str:
         w = f"{where}[{k}]"
         if not isinstance(blk, dict) or blk.get("type") != "text" or not isinstance(blk.get("text"), str):
             raise bad(f"{w} must be a text block {{\"type\": \"text\", \"text\": ...}}", param=w)
-        C.check_keys(blk, {"type", "text"} | _BLOCK_EXTRA, w)
+        check_keys(blk, {"type", "text"} | _BLOCK_EXTRA, w)
         parts.append(blk["text"])
     return "\n".join(parts)
 
@@ -55,7 +59,7 @@ def convert_messages(system, messages) -> list[dict]:
         w = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(f"{w} must be an object", param=w)
-        C.check_keys(m, {"role", "content"}, w)
+        check_keys(m, {"role", "content"}, w)
         role = m.get("role")
         if role not in ("user", "assistant"):
             raise bad(f"{w}.role must be 'user' or 'assistant', got {role!r}", param=f"{w}.role")
@@ -72,18 +76,18 @@ def convert_messages(system, messages) -> list[dict]:
                 raise bad(f"{bw} must be an object", param=bw)
             t = blk.get("type")
             if t == "text":
-                C.check_keys(blk, {"type", "text"} | _BLOCK_EXTRA, bw)
+                check_keys(blk, {"type", "text"} | _BLOCK_EXTRA, bw)
                 if not isinstance(blk.get("text"), str):
                     raise bad(f"{bw}.text must be a string", param=f"{bw}.text")
                 texts.append(blk["text"])
             elif t == "tool_use" and role == "assistant":
-                C.check_keys(blk, {"type", "id", "name", "input"} | _BLOCK_EXTRA, bw)
+                check_keys(blk, {"type", "id", "name", "input"} | _BLOCK_EXTRA, bw)
                 if not isinstance(blk.get("name"), str) or not isinstance(blk.get("input", {}), dict):
                     raise bad(f"{bw} needs a string name and an object input", param=bw)
                 calls.append({"id": str(blk.get("id", "")), "type": "function",
                               "function": {"name": blk["name"], "arguments": json.dumps(blk.get("input", {}))}})
             elif t == "tool_result" and role == "user":
-                C.check_keys(blk, {"type", "tool_use_id", "content", "is_error"} | _BLOCK_EXTRA, bw)
+                check_keys(blk, {"type", "tool_use_id", "content", "is_error"} | _BLOCK_EXTRA, bw)
                 c = blk.get("content", "")
                 text = _text_blocks(c, f"{bw}.content") if c is not None else ""
                 if blk.get("is_error"):
@@ -104,7 +108,7 @@ def convert_messages(system, messages) -> list[dict]:
     return out
 
 
-def _tools(b: C.Body) -> prep.ToolMode:
+def _tools(b: Body) -> prep.ToolMode:
     tools = b.list("tools")
     choice = b.obj("tool_choice")
     if not tools:
@@ -121,7 +125,7 @@ def _tools(b: C.Body) -> prep.ToolMode:
             raise bad(f"{w} must be an object", param=w)
         if t.get("type") not in (None, "custom"):
             raise bad(f"{w}: server tools ({t.get('type')!r}) are not supported", param=f"{w}.type")
-        C.check_keys(t, {"type", "name", "description", "input_schema", "cache_control"}, w)
+        check_keys(t, {"type", "name", "description", "input_schema", "cache_control"}, w)
         prep.check_tool(t.get("name"), t.get("input_schema"), w)
         norm.append({"name": t["name"], "description": t.get("description") or "",
                      "parameters": t.get("input_schema")})
@@ -129,7 +133,7 @@ def _tools(b: C.Body) -> prep.ToolMode:
         raise bad("tools: names must be unique", param="tools")
     tm = prep.ToolMode(tools=norm, choice="auto")
     if choice is not None:
-        C.check_keys(choice, {"type", "name", "disable_parallel_tool_use"}, "tool_choice")
+        check_keys(choice, {"type", "name", "disable_parallel_tool_use"}, "tool_choice")
         kind = choice.get("type")
         dp = choice.get("disable_parallel_tool_use", False)
         if not isinstance(dp, bool):
@@ -154,7 +158,7 @@ def _tools(b: C.Body) -> prep.ToolMode:
 def _output_format(engine, oc) -> str | None:
     if oc is None:
         return None
-    C.check_keys(oc, {"effort", "format"}, "output_config")
+    check_keys(oc, {"effort", "format"}, "output_config")
     if oc.get("effort") not in (None, "low", "medium", "high", "xhigh", "max"):
         raise bad("output_config.effort must be low, medium, high, xhigh or max", param="output_config.effort")
     fmt = oc.get("format")
@@ -163,8 +167,8 @@ def _output_format(engine, oc) -> str | None:
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         raise bad("output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
                   param="output_config.format")
-    C.check_keys(fmt, {"type", "schema"}, "output_config.format")
-    return C.schema_grammar(engine, fmt.get("schema"), "output_config.format.schema")
+    check_keys(fmt, {"type", "schema"}, "output_config.format")
+    return schema_grammar(engine, fmt.get("schema"), "output_config.format.schema")
 
 
 def _usage(m: dict) -> dict:
@@ -183,7 +187,7 @@ def _stop_reason(reason: str, stop_sequence, calls) -> str:
 
 def messages(ctx, data) -> None:
     srv, engine = ctx.srv, ctx.engine
-    b = C.Body(data, FIELDS, IGNORED)
+    b = Body(data, FIELDS, IGNORED)
     model = check_model(srv, b)
     if not b.has("max_tokens"):
         raise bad("max_tokens is required", param="max_tokens")
@@ -192,7 +196,7 @@ def messages(ctx, data) -> None:
     stream = b.bool("stream", False)
     tm = _tools(b)
     kw = prep.sampling(b, engine, openai=False)
-    stops = C.stop_list(b.raw("stop_sequences"), "stop_sequences", 8)
+    stops = stop_list(b.raw("stop_sequences"), "stop_sequences", 8)
     spec = prep.speculative(engine, b.raw("speculative"))
     if spec is not None:
         kw["speculative"] = spec
@@ -211,20 +215,20 @@ def messages(ctx, data) -> None:
     conv = b.str("conversation") or prep.derived_conversation(engine, msgs)
     kw.update(max_tokens=max_tokens, stop=stops, conversation=conv)
     gen = Generation(engine, [Spec(0, ids, kw)], srv.metrics.record)
-    mid = C.new_id("msg_")
+    mid = new_id("msg_")
     if stream:
         return _stream(ctx, gen, mid, model, tm, len(ids))
     r = gen.collect(ctx.gone)[0]
-    calls = C.parse_tool_calls(r.text, tm.tools) if tm.active else None
+    calls = parse_tool_calls(r.text, tm.tools) if tm.active else None
     if calls:
-        content = [{"type": "tool_use", "id": C.new_id("toolu_"), "name": c["name"], "input": c["arguments"]}
+        content = [{"type": "tool_use", "id": new_id("toolu_"), "name": c["name"], "input": c["arguments"]}
                    for c in calls]
     else:
         content = [{"type": "text", "text": r.text}]
     ctx.send_json(200, {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
                         "stop_reason": _stop_reason(r.finish_reason, r.stop_sequence, calls),
                         "stop_sequence": r.stop_sequence, "usage": _usage(r.metrics),
-                        "timings": C.timings(r.metrics)})
+                        "timings": timings(r.metrics)})
 
 
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
@@ -235,7 +239,7 @@ def count_tokens(ctx, data) -> None:
     with these messages, system prompt and tools would have, chat template and
     tool instructions included ({"input_tokens": n})."""
     srv, engine = ctx.srv, ctx.engine
-    b = C.Body(data, COUNT_FIELDS, IGNORED | {"max_tokens"})
+    b = Body(data, COUNT_FIELDS, IGNORED | {"max_tokens"})
     check_model(srv, b)
     msgs = convert_messages(b.raw("system"), b.raw("messages"))
     tm = _tools(b)
@@ -295,7 +299,7 @@ def _stream(ctx, gen, mid, model, tm, n_prompt) -> None:
                     for c in calls:
                         block["index"] += 1
                         ev("content_block_start", {"index": block["index"], "content_block": {
-                            "type": "tool_use", "id": C.new_id("toolu_"), "name": c["name"], "input": {}}})
+                            "type": "tool_use", "id": new_id("toolu_"), "name": c["name"], "input": {}}})
                         ev("content_block_delta", {"index": block["index"], "delta": {
                             "type": "input_json_delta", "partial_json": json.dumps(c["arguments"], ensure_ascii=False)}})
                         ev("content_block_stop", {"index": block["index"]})
@@ -305,7 +309,7 @@ def _stream(ctx, gen, mid, model, tm, n_prompt) -> None:
                 r = gen.results[0]
                 ev("message_delta", {"delta": {"stop_reason": _stop_reason(e["finish_reason"], r.stop_sequence, calls),
                                                "stop_sequence": r.stop_sequence},
-                                     "usage": dict(_usage(e["metrics"])), "timings": C.timings(e["metrics"])})
+                                     "usage": dict(_usage(e["metrics"])), "timings": timings(e["metrics"])})
                 ev("message_stop", {})
 
         try:

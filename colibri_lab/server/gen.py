@@ -22,7 +22,7 @@ from typing import Callable
 from colibri_lab.decode import Decoder
 from colibri_lab.errors import ContextLengthExceededError, EngineError, InvalidRequestError, ModelLoadError, QueueFullError
 
-from .common import ApiError
+from .errors import ApiError
 
 
 class ClientGone(Exception):

@@ -27,7 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from . import anthropic_api, convert, openai_api, responses_api, tokens_api
-from .common import ApiError, check_text
+from .body import check_text
+from .errors import ApiError
 from .conn import Closed, HttpError, Reader, Registry
 from .gen import ClientGone
 from .limits import Limits

@@ -7,9 +7,13 @@ grammar (GBNF), speculative (object), conversation (slot-pinning key).
 """
 from __future__ import annotations
 
-from . import common as C
+from .body import Body, check_keys, stop_list
+from .errors import ApiError, bad, safe_text
+from .grammars import response_format_grammar
+from .ids import new_id, now
+from .tools import looks_like_tool_call, parse_tool_calls
+from .usage import timings, usage_openai
 from . import prep
-from .common import ApiError, bad
 from .gen import ClientGone, Generation, Spec, drive
 
 IGNORED = {"user", "metadata", "store"}
@@ -48,7 +52,7 @@ def get_model(ctx, model_id: str) -> None:
     ctx.send_json(200, model_object(ctx.srv))
 
 
-def check_model(srv, b: C.Body) -> str:
+def check_model(srv, b: Body) -> str:
     name = b.str("model", required=True)
     if name not in srv.model_names():
         raise ApiError(404, f"The model '{name}' does not exist; this server serves '{srv.model_id}'",
@@ -57,13 +61,13 @@ def check_model(srv, b: C.Body) -> str:
 
 
 # --------------------------------------------------------------- shared bits
-def _stream_opts(b: C.Body, stream: bool) -> bool:
+def _stream_opts(b: Body, stream: bool) -> bool:
     so = b.obj("stream_options")
     if so is None:
         return False
     if not stream:
         raise bad("stream_options is only allowed when stream is true", param="stream_options")
-    C.check_keys(so, {"include_usage"}, "stream_options")
+    check_keys(so, {"include_usage"}, "stream_options")
     iu = so.get("include_usage", False)
     if not isinstance(iu, bool):
         raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
@@ -89,12 +93,12 @@ def _usage(results) -> dict:
     prompt = sum(len(k) for k in by_prompt)
     cached = sum(int(r.metrics.get("cached_tokens", 0)) for r in by_prompt.values())
     completion = sum(int(r.metrics.get("completion_tokens", 0)) for r in results)
-    return C.usage_openai(prompt, cached, completion)
+    return usage_openai(prompt, cached, completion)
 
 
-def _common_kwargs(b: C.Body, engine, *, default_max: int | None):
+def _common_kwargs(b: Body, engine, *, default_max: int | None):
     kw = prep.sampling(b, engine)
-    stops = C.stop_list(b.raw("stop"), "stop", 4)
+    stops = stop_list(b.raw("stop"), "stop", 4)
     spec = prep.speculative(engine, b.raw("speculative"))
     if spec is not None:
         kw["speculative"] = spec
@@ -112,7 +116,7 @@ def _stream_error(ctx, err: Exception) -> None:
 
 
 # ----------------------------------------------------------- chat completions
-def _tools(b: C.Body) -> prep.ToolMode:
+def _tools(b: Body) -> prep.ToolMode:
     tools = b.list("tools")
     choice = b.raw("tool_choice")
     parallel = b.bool("parallel_tool_calls", True)
@@ -130,9 +134,9 @@ def _tools(b: C.Body) -> prep.ToolMode:
         w = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
             raise bad(f"{w} must be {{\"type\": \"function\", \"function\": {{...}}}}", param=w)
-        C.check_keys(t, {"type", "function"}, w)
+        check_keys(t, {"type", "function"}, w)
         fn = t["function"]
-        C.check_keys(fn, {"name", "description", "parameters", "strict"}, f"{w}.function")
+        check_keys(fn, {"name", "description", "parameters", "strict"}, f"{w}.function")
         prep.check_tool(fn.get("name"), fn.get("parameters"), f"{w}.function")
         norm.append({"name": fn["name"], "description": fn.get("description") or "",
                      "parameters": fn.get("parameters")})
@@ -157,7 +161,7 @@ def _tools(b: C.Body) -> prep.ToolMode:
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def _messages(b: C.Body) -> list:
+def _messages(b: Body) -> list:
     msgs = b.list("messages")
     if not msgs:
         raise bad("messages must be a non-empty array", param="messages")
@@ -176,10 +180,10 @@ def check_messages(msgs: list, where: str = "messages") -> list:
         w = f"{where}[{i}]"
         if not isinstance(m, dict):
             raise bad(f"{w} must be an object", param=w)
-        C.check_keys(m, {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}, w)
+        check_keys(m, {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}, w)
         role = m.get("role")
         if role not in ROLES:
-            raise bad(f"{w}.role must be one of {', '.join(ROLES)}, got {C.safe_text(repr(role))[:40]}",
+            raise bad(f"{w}.role must be one of {', '.join(ROLES)}, got {safe_text(repr(role))[:40]}",
                       param=f"{w}.role")
         if role != "tool" and open_calls:
             raise bad("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
@@ -194,7 +198,7 @@ def check_messages(msgs: list, where: str = "messages") -> list:
                 raise bad(f"{w}: messages with role 'tool' must be a response to a preceding message with "
                           f"'tool_calls'", param=f"{w}.role")
             if tid not in open_calls:
-                raise bad(f"{w}.tool_call_id {C.safe_text(tid)[:64]!r} does not answer a pending call of the "
+                raise bad(f"{w}.tool_call_id {safe_text(tid)[:64]!r} does not answer a pending call of the "
                           f"preceding assistant message", param=f"{w}.tool_call_id")
             del open_calls[tid]
         elif m.get("tool_call_id") is not None:
@@ -212,8 +216,8 @@ def check_messages(msgs: list, where: str = "messages") -> list:
                 if not isinstance(c, dict) or c.get("type", "function") != "function" or \
                         not isinstance(c.get("function"), dict):
                     raise bad(f"{cw} must be {{\"id\", \"type\": \"function\", \"function\": {{...}}}}", param=cw)
-                C.check_keys(c, {"id", "type", "function"}, cw)
-                C.check_keys(c["function"], {"name", "arguments"}, f"{cw}.function")
+                check_keys(c, {"id", "type", "function"}, cw)
+                check_keys(c["function"], {"name", "arguments"}, f"{cw}.function")
                 if not isinstance(c.get("id"), str) or not c["id"]:
                     raise bad(f"{cw}.id must be a non-empty string", param=f"{cw}.id")
                 if not isinstance(c["function"].get("name"), str):
@@ -232,7 +236,7 @@ def check_messages(msgs: list, where: str = "messages") -> list:
 
 def chat_completions(ctx, data) -> None:
     srv, engine = ctx.srv, ctx.engine
-    b = C.Body(data, CHAT_FIELDS, IGNORED)
+    b = Body(data, CHAT_FIELDS, IGNORED)
     model = check_model(srv, b)
     messages = _messages(b)
     stream = b.bool("stream", False)
@@ -248,7 +252,7 @@ def chat_completions(ctx, data) -> None:
     tm = _tools(b)
     kw, stops, conv = _common_kwargs(b, engine, default_max=None)
     grammar = prep.extension_grammar(b, engine)
-    rf_grammar = C.response_format_grammar(engine, b.raw("response_format"))
+    rf_grammar = response_format_grammar(engine, b.raw("response_format"))
     tool_grammar = tm.grammar(engine, "tool_choice")
     gs = [g for g in (grammar, rf_grammar, tool_grammar) if g is not None]
     if len(gs) > 1:
@@ -266,16 +270,16 @@ def chat_completions(ctx, data) -> None:
         skw["conversation"] = conv if i == 0 else None
         specs.append(Spec(i, ids, skw))
     gen = Generation(engine, specs, srv.metrics.record)
-    rid = C.new_id("chatcmpl-")
+    rid = new_id("chatcmpl-")
     if stream:
         return _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage)
     results = gen.collect(ctx.gone)
     choices = []
     for r in results:
-        calls = C.parse_tool_calls(r.text, tm.tools) if tm.active else None
+        calls = parse_tool_calls(r.text, tm.tools) if tm.active else None
         msg = {"role": "assistant", "content": None if calls else r.text, "refusal": None}
         if calls:
-            msg["tool_calls"] = [{"id": C.new_id("call_"), "type": "function",
+            msg["tool_calls"] = [{"id": new_id("call_"), "type": "function",
                                   "function": {"name": c["name"], "arguments": _json(c["arguments"])}}
                                  for c in calls]
         lp = None
@@ -284,9 +288,9 @@ def chat_completions(ctx, data) -> None:
                               for t, (l, top) in zip(r.tokens, r.logprobs)], "refusal": None}
         choices.append({"index": r.index, "message": msg, "logprobs": lp,
                         "finish_reason": "tool_calls" if calls else FINISH.get(r.finish_reason, "stop")})
-    ctx.send_json(200, {"id": rid, "object": "chat.completion", "created": C.now(), "model": model,
+    ctx.send_json(200, {"id": rid, "object": "chat.completion", "created": now(), "model": model,
                         "system_fingerprint": srv.fingerprint, "choices": choices, "usage": _usage(results),
-                        "timings": C.timings(results[0].metrics)})
+                        "timings": timings(results[0].metrics)})
 
 
 def _json(obj) -> str:
@@ -308,7 +312,7 @@ class ChoiceStream:
             return text
         self.buf += text
         if self.state == "undecided":
-            v = C.looks_like_tool_call(self.buf)
+            v = looks_like_tool_call(self.buf)
             if v is False:
                 self.state, out, self.buf = "text", self.buf, ""
                 return out
@@ -320,7 +324,7 @@ class ChoiceStream:
         """(text still to send, tool calls or None)."""
         if self.state == "text":
             return "", None
-        calls = C.parse_tool_calls(self.buf, self.tm.tools)
+        calls = parse_tool_calls(self.buf, self.tm.tools)
         return ("", calls) if calls else (self.buf, None)
 
 
@@ -339,7 +343,7 @@ def _chunk_maker(srv, rid, model, created, obj, include_usage):
 
 def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) -> None:
     srv, engine = ctx.srv, ctx.engine
-    created = C.now()
+    created = now()
 
     chunk = _chunk_maker(srv, rid, model, created, "chat.completion.chunk", include_usage)
 
@@ -374,12 +378,12 @@ def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) ->
                     content(i, rest)
                 if calls:
                     ctx.sse(chunk([{"index": i, "delta": {"tool_calls": [
-                        {"index": k, "id": C.new_id("call_"), "type": "function",
+                        {"index": k, "id": new_id("call_"), "type": "function",
                          "function": {"name": c["name"], "arguments": _json(c["arguments"])}}
                         for k, c in enumerate(calls)]}, "logprobs": None, "finish_reason": None}]))
                 reason = "tool_calls" if calls else FINISH.get(ev["finish_reason"], "stop")
                 ctx.sse(chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}],
-                              timings=C.timings(ev["metrics"])))
+                              timings=timings(ev["metrics"])))
 
         try:
             drive(ctx, gen, on_event)
@@ -440,7 +444,7 @@ def _legacy_lp(model, tokens, lps, n_top, offset0: int) -> dict:
 
 def completions(ctx, data) -> None:
     srv, engine = ctx.srv, ctx.engine
-    b = C.Body(data, COMPLETION_FIELDS, IGNORED)
+    b = Body(data, COMPLETION_FIELDS, IGNORED)
     model = check_model(srv, b)
     prompts = _prompts(engine, b.raw("prompt"))
     stream = b.bool("stream", False)
@@ -476,7 +480,7 @@ def completions(ctx, data) -> None:
         for s in specs:
             prompt_text[s.index] = engine.detokenize(s.prompt_ids)
     gen = Generation(engine, specs, srv.metrics.record)
-    rid = C.new_id("cmpl-")
+    rid = new_id("cmpl-")
     if stream:
         return _completion_stream(ctx, gen, rid, model, len(specs), n_lp, prompt_text, include_usage)
     results = gen.collect(ctx.gone)
@@ -486,14 +490,14 @@ def completions(ctx, data) -> None:
         lp = _legacy_lp(engine.model, r.tokens, r.logprobs, n_lp, len(pre)) if n_lp is not None else None
         choices.append({"index": r.index, "text": pre + r.text, "logprobs": lp,
                         "finish_reason": FINISH.get(r.finish_reason, "stop")})
-    ctx.send_json(200, {"id": rid, "object": "text_completion", "created": C.now(), "model": model,
+    ctx.send_json(200, {"id": rid, "object": "text_completion", "created": now(), "model": model,
                         "system_fingerprint": srv.fingerprint, "choices": choices, "usage": _usage(results),
-                        "timings": C.timings(results[0].metrics)})
+                        "timings": timings(results[0].metrics)})
 
 
 def _completion_stream(ctx, gen, rid, model, n_choices, n_lp, prompt_text, include_usage) -> None:
     srv, engine = ctx.srv, ctx.engine
-    created = C.now()
+    created = now()
 
     chunk = _chunk_maker(srv, rid, model, created, "text_completion", include_usage)
 
@@ -522,7 +526,7 @@ def _completion_stream(ctx, gen, rid, model, n_choices, n_lp, prompt_text, inclu
                 pend[i][0].append(ev["token"])
                 pend[i][1].append((ev["logprob"], ev["top"]))
             if ev.get("done"):
-                send(i, ev["text"], FINISH.get(ev["finish_reason"], "stop"), timings=C.timings(ev["metrics"]))
+                send(i, ev["text"], FINISH.get(ev["finish_reason"], "stop"), timings=timings(ev["metrics"]))
             elif ev["text"]:
                 send(i, ev["text"])
 

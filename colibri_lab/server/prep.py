@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from colibri_lab.errors import InvalidRequestError
 from colibri_lab.params import RequestParams, Speculative
 
-from . import common as C
-from .common import ApiError, bad
+from .body import Body, logit_bias, seed_value
+from .errors import ApiError, bad
+from .grammars import schema_grammar
+from .tools import TOOL_NAME, tool_call_schema, tool_call_text, tool_system_text
 
 
 @dataclass
@@ -32,13 +34,13 @@ class ToolMode:
     def grammar(self, engine, param: str) -> str | None:
         if not self.forced:
             return None
-        schema = C.tool_call_schema(self.tools, self.name if self.choice == "named" else None,
-                                    self.parallel and self.choice == "required")
-        return C.schema_grammar(engine, schema, param)
+        schema = tool_call_schema(self.tools, self.name if self.choice == "named" else None,
+                                  self.parallel and self.choice == "required")
+        return schema_grammar(engine, schema, param)
 
 
 def check_tool(name, params, where: str) -> None:
-    if not isinstance(name, str) or not C._TOOL_NAME.fullmatch(name):
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         raise bad(f"{where}.name must be 1-64 characters of a-z, A-Z, 0-9, _, . and -", param=f"{where}.name")
     if params is not None and not isinstance(params, dict):
         raise bad(f"{where}: the parameters schema must be an object", param=where)
@@ -65,7 +67,7 @@ def chat_prompt_ids(engine, messages: list, tm: ToolMode) -> list[int]:
                     except ValueError:
                         pass
                 calls.append({"name": fn.get("name"), "arguments": args})
-            text = C.tool_call_text(calls)
+            text = tool_call_text(calls)
             m["content"] = (m["content"] + "\n" + text) if isinstance(m.get("content"), str) and m["content"] else text
             del m["tool_calls"]
         if m.get("role") == "tool" and not native_calls:
@@ -78,7 +80,7 @@ def chat_prompt_ids(engine, messages: list, tm: ToolMode) -> list[int]:
                                                            "parameters": t["parameters"] or {"type": "object"}}}
                          for t in tm.tools]
         else:
-            text = C.tool_system_text(tm.tools)
+            text = tool_system_text(tm.tools)
             if msgs and msgs[0].get("role") in ("system", "developer") and isinstance(msgs[0].get("content"), str):
                 msgs[0] = dict(msgs[0], content=msgs[0]["content"] + "\n\n" + text)
             else:
@@ -165,7 +167,7 @@ def speculative(engine, v) -> dict | None:
     return out
 
 
-def sampling(b: C.Body, engine, *, default_temperature: float = 1.0, openai: bool = True) -> dict:
+def sampling(b: Body, engine, *, default_temperature: float = 1.0, openai: bool = True) -> dict:
     """RequestParams sampling fields from the common body fields.  Types are
     checked here (with the API's field names); the bounds are RequestParams'
     own, the same for every route and for Engine.  An absent temperature is
@@ -180,10 +182,10 @@ def sampling(b: C.Body, engine, *, default_temperature: float = 1.0, openai: boo
         kw["presence_penalty"] = b.num("presence_penalty", 0.0)
         kw["frequency_penalty"] = b.num("frequency_penalty", 0.0)
         kw["repeat_penalty"] = b.num("repeat_penalty", 1.0)
-        bias = C.logit_bias(b.raw("logit_bias"), "logit_bias", int(engine.info["n_vocab"]))
+        bias = logit_bias(b.raw("logit_bias"), "logit_bias", int(engine.info["n_vocab"]))
         if bias:
             kw["logit_bias"] = bias
-    seed = C.seed_value(b.raw("seed")) if openai else None
+    seed = seed_value(b.raw("seed")) if openai else None
     if seed is None:
         seed = secrets.randbits(63) if t > 0 else 0
     kw["seed"] = seed
@@ -210,7 +212,7 @@ def choice_seeds(kw: dict, n: int) -> list[dict]:
     return out
 
 
-def extension_grammar(b: C.Body, engine) -> str | None:
+def extension_grammar(b: Body, engine) -> str | None:
     g = b.str("grammar")
     if g is None:
         return None

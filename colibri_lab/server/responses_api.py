@@ -26,9 +26,13 @@ import re
 
 from colibri_lab import metrics as schema
 
-from . import common as C
+from .body import Body, check_keys
+from .errors import ApiError, bad, safe_text
+from .grammars import json_object_grammar, schema_grammar
+from .ids import new_id, now
+from .tools import parse_tool_calls
+from .usage import timings
 from . import prep
-from .common import ApiError, bad
 from .gen import ClientGone, Generation, Spec, drive, map_engine_error
 from .openai_api import ChoiceStream, check_model
 
@@ -56,10 +60,10 @@ def _content(c, role: str, w: str) -> str:
             raise bad(f"{pw}: content part type {got!r} is not supported in a {role} message (use {want!r})",
                       param=f"{pw}.type")
         if part["type"] == "refusal":
-            C.check_keys(part, {"type", "refusal"}, pw)
+            check_keys(part, {"type", "refusal"}, pw)
             texts.append(str(part.get("refusal") or ""))
             continue
-        C.check_keys(part, {"type", "text", "annotations", "logprobs"}, pw)
+        check_keys(part, {"type", "text", "annotations", "logprobs"}, pw)
         if not isinstance(part.get("text"), str):
             raise bad(f"{pw}.text must be a string", param=f"{pw}.text")
         texts.append(part["text"])
@@ -87,17 +91,17 @@ def input_messages(instructions, inp) -> list[dict]:
             raise bad(f"{w} must be an object", param=w)
         kind = it.get("type", "message")
         if kind == "message":
-            C.check_keys(it, {"type", "role", "content"} | _ITEM_EXTRA, w)
+            check_keys(it, {"type", "role", "content"} | _ITEM_EXTRA, w)
             role = it.get("role")
             if role not in _PART_TEXT:
                 raise bad(f"{w}.role must be user, assistant, system or developer, got "
-                          f"{C.safe_text(repr(role))[:40]}", param=f"{w}.role")
+                          f"{safe_text(repr(role))[:40]}", param=f"{w}.role")
             if pending:
                 raise bad(f"{w}: function calls {', '.join(pending)} have no function_call_output item",
                           param=w)
             out.append({"role": role, "content": _content(it.get("content"), role, f"{w}.content")})
         elif kind == "function_call":
-            C.check_keys(it, {"type", "call_id", "name", "arguments"} | _ITEM_EXTRA, w)
+            check_keys(it, {"type", "call_id", "name", "arguments"} | _ITEM_EXTRA, w)
             for k in ("call_id", "name", "arguments"):
                 if not isinstance(it.get(k), str) or (k != "arguments" and not it[k]):
                     raise bad(f"{w}.{k} must be a string", param=f"{w}.{k}")
@@ -110,7 +114,7 @@ def input_messages(instructions, inp) -> list[dict]:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
             pending[it["call_id"]] = it["name"]
         elif kind == "function_call_output":
-            C.check_keys(it, {"type", "call_id", "output"} | _ITEM_EXTRA, w)
+            check_keys(it, {"type", "call_id", "output"} | _ITEM_EXTRA, w)
             cid = it.get("call_id")
             if not isinstance(cid, str) or cid not in pending:
                 raise bad(f"{w}.call_id must name an earlier function_call item that has no output yet",
@@ -123,7 +127,7 @@ def input_messages(instructions, inp) -> list[dict]:
             del pending[cid]
             out.append({"role": "tool", "tool_call_id": cid, "content": outp})
         else:
-            raise bad(f"{w}: input item type {C.safe_text(repr(kind))[:40]} is not supported", param=f"{w}.type")
+            raise bad(f"{w}: input item type {safe_text(repr(kind))[:40]} is not supported", param=f"{w}.type")
     if pending:
         raise bad(f"no function_call_output item for function call(s) {', '.join(pending)}", param="input")
     if not any(m["role"] != "system" for m in out):
@@ -131,7 +135,7 @@ def input_messages(instructions, inp) -> list[dict]:
     return out
 
 
-def _tools(b: C.Body) -> prep.ToolMode:
+def _tools(b: Body) -> prep.ToolMode:
     tools = b.list("tools")
     choice = b.raw("tool_choice")
     parallel = b.bool("parallel_tool_calls", True)
@@ -147,9 +151,9 @@ def _tools(b: C.Body) -> prep.ToolMode:
         w = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function":
             got = t.get("type") if isinstance(t, dict) else None
-            raise bad(f"{w}: only function tools are supported, got {C.safe_text(repr(got))[:40]}",
+            raise bad(f"{w}: only function tools are supported, got {safe_text(repr(got))[:40]}",
                       param=f"{w}.type")
-        C.check_keys(t, {"type", "name", "description", "parameters", "strict"}, w)
+        check_keys(t, {"type", "name", "description", "parameters", "strict"}, w)
         prep.check_tool(t.get("name"), t.get("parameters"), w)
         norm.append({"name": t["name"], "description": t.get("description") or "", "parameters": t.get("parameters")})
     if len({t["name"] for t in norm}) != len(norm):
@@ -160,9 +164,9 @@ def _tools(b: C.Body) -> prep.ToolMode:
     elif choice in ("none", "required"):
         tm.choice = choice
     elif isinstance(choice, dict) and choice.get("type") == "function":
-        C.check_keys(choice, {"type", "name"}, "tool_choice")
+        check_keys(choice, {"type", "name"}, "tool_choice")
         if choice.get("name") not in {t["name"] for t in norm}:
-            raise bad(f"tool_choice names function {C.safe_text(repr(choice.get('name')))[:64]}, which is not "
+            raise bad(f"tool_choice names function {safe_text(repr(choice.get('name')))[:64]}, which is not "
                       f"in tools", param="tool_choice.name")
         tm.choice, tm.name = "named", choice["name"]
     else:
@@ -177,7 +181,7 @@ def _text_format(engine, text) -> tuple[str | None, dict]:
         return None, {"type": "text"}
     if not isinstance(text, dict):
         raise bad("text must be an object", param="text")
-    C.check_keys(text, {"format", "verbosity"}, "text")
+    check_keys(text, {"format", "verbosity"}, "text")
     if text.get("verbosity") not in (None, "medium"):
         raise bad("text.verbosity other than 'medium' is not supported", param="text.verbosity")
     fmt = text.get("format")
@@ -187,21 +191,21 @@ def _text_format(engine, text) -> tuple[str | None, dict]:
         raise bad("text.format must be an object", param="text.format")
     kind = fmt.get("type")
     if kind == "text":
-        C.check_keys(fmt, {"type"}, "text.format")
+        check_keys(fmt, {"type"}, "text.format")
         return None, fmt
     if kind == "json_object":
-        C.check_keys(fmt, {"type"}, "text.format")
-        return C.json_object_grammar(engine, "text.format"), fmt
+        check_keys(fmt, {"type"}, "text.format")
+        return json_object_grammar(engine, "text.format"), fmt
     if kind == "json_schema":
-        C.check_keys(fmt, {"type", "name", "schema", "strict", "description"}, "text.format")
+        check_keys(fmt, {"type", "name", "schema", "strict", "description"}, "text.format")
         name = fmt.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
             raise bad("text.format.name must be 1-64 characters of a-z, A-Z, 0-9, _ and -", param="text.format.name")
         if "schema" not in fmt:
             raise bad("text.format.schema is required", param="text.format.schema")
-        return C.schema_grammar(engine, fmt["schema"], "text.format.schema"), fmt
+        return schema_grammar(engine, fmt["schema"], "text.format.schema"), fmt
     raise bad(f"text.format.type must be 'text', 'json_object' or 'json_schema', got "
-              f"{C.safe_text(repr(kind))[:40]}", param="text.format.type")
+              f"{safe_text(repr(kind))[:40]}", param="text.format.type")
 
 
 # ---------------------------------------------------------------- endpoint
@@ -214,7 +218,7 @@ class _Req:
 
 def responses(ctx, data) -> None:
     srv, engine = ctx.srv, ctx.engine
-    b = C.Body(data, FIELDS, IGNORED)
+    b = Body(data, FIELDS, IGNORED)
     model = check_model(srv, b)
     if b.has("previous_response_id"):
         raise bad("previous_response_id is not supported: this server does not store responses (send the "
@@ -258,8 +262,8 @@ def responses(ctx, data) -> None:
                parallel=b.bool("parallel_tool_calls", True), tools=b.list("tools") or [],
                tool_choice=b.raw("tool_choice") or ("auto" if tm.tools else "none"))
     gen = Generation(engine, [Spec(0, ids, kw)], srv.metrics.record)
-    rid = C.new_id("resp_")
-    created = C.now()
+    rid = new_id("resp_")
+    created = now()
     if stream:
         return _stream(ctx, gen, rid, created, req)
     r = gen.collect(ctx.gone)[0]
@@ -268,14 +272,14 @@ def responses(ctx, data) -> None:
 
 
 def _output_items(text: str, tm) -> list[dict]:
-    calls = C.parse_tool_calls(text, tm.tools) if tm.active else None
+    calls = parse_tool_calls(text, tm.tools) if tm.active else None
     if calls:
         return [_call_item(c) for c in calls]
     return [_message_item(text, "completed")]
 
 
 def _message_item(text: str, status: str, mid: str | None = None) -> dict:
-    return {"type": "message", "id": mid or C.new_id("msg_"), "status": status, "role": "assistant",
+    return {"type": "message", "id": mid or new_id("msg_"), "status": status, "role": "assistant",
             "content": [] if text is None else [_text_part(text)]}
 
 
@@ -284,7 +288,7 @@ def _text_part(text: str) -> dict:
 
 
 def _call_item(c: dict, status: str = "completed", args: str | None = None) -> dict:
-    return {"type": "function_call", "id": C.new_id("fc_"), "call_id": C.new_id("call_"), "name": c["name"],
+    return {"type": "function_call", "id": new_id("fc_"), "call_id": new_id("call_"), "name": c["name"],
             "arguments": json.dumps(c["arguments"], ensure_ascii=False) if args is None else args,
             "status": status}
 
@@ -306,7 +310,7 @@ def _response(rid, created, req, output, metrics, finish_reason, status=None, er
         "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": req.temperature,
         "text": {"format": req.fmt}, "tool_choice": req.tool_choice, "tools": req.tools, "top_p": req.top_p,
         "truncation": "disabled", "usage": _usage(metrics), "user": None, "metadata": req.metadata,
-        "timings": C.timings(metrics) if metrics else None,
+        "timings": timings(metrics) if metrics else None,
     }
 
 

@@ -12,23 +12,23 @@ with_pieces), "count", "max_model_len"}.
 """
 from __future__ import annotations
 
-from . import common as C
+from .body import Body
+from .errors import ApiError, bad, safe_text
 from . import prep
-from .common import ApiError, bad
 from .openai_api import check_messages
 
 
-def _model(ctx, b: C.Body) -> None:
+def _model(ctx, b: Body) -> None:
     name = b.str("model")
     if name is not None and name not in ctx.srv.model_names():
-        raise ApiError(404, f"The model '{C.safe_text(name)}' does not exist; this server serves "
+        raise ApiError(404, f"The model '{safe_text(name)}' does not exist; this server serves "
                             f"'{ctx.srv.model_id}'", param="model", code="model_not_found")
 
 
 def tokenize(ctx, data) -> None:
     engine = ctx.engine
-    b = C.Body(data, {"model", "content", "prompt", "messages", "add_special", "add_special_tokens",
-                      "with_pieces", "add_generation_prompt"})
+    b = Body(data, {"model", "content", "prompt", "messages", "add_special", "add_special_tokens",
+                    "with_pieces", "add_generation_prompt"})
     _model(ctx, b)
     given = [k for k in ("content", "prompt", "messages") if b.has(k)]
     if len(given) != 1:
@@ -58,7 +58,7 @@ def tokenize(ctx, data) -> None:
 
 def detokenize(ctx, data) -> None:
     engine = ctx.engine
-    b = C.Body(data, {"model", "tokens"})
+    b = Body(data, {"model", "tokens"})
     _model(ctx, b)
     toks = b.list("tokens")
     if toks is None:
