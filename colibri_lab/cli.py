@@ -180,7 +180,7 @@ def save_plots(res, out_dir) -> list:
     figures = {"latency_cdf_ttft": lambda: plots.latency_cdf(req, "ttft_ms"),
                "latency_cdf_e2e": lambda: plots.latency_cdf(req, "e2e_ms")}
     if "turn" in req and req["turn"].max() > 0:
-        figures["prefix_hit_ratio_by_turn"] = lambda: plots.prefix_hit_ratio_by_turn(req)
+        figures["prefix_cache_hit_rate_by_turn"] = lambda: plots.prefix_cache_hit_rate_by_turn(req)
     if "draft_n" in req and req["draft_n"].sum() > 0:
         figures["acceptance_by_position"] = lambda: plots.acceptance_by_position(req)
     if "grammar_mask_us" in req and req["grammar_mask_us"].sum() > 0:
@@ -256,7 +256,7 @@ _BENCH_ROWS = [("completed", "Successful requests", "d"), ("failed", "Failed req
                ("total_token_throughput", "Total token throughput (tok/s)", ".2f"),
                ("sustained", "Completion rate / arrival rate", ".2f"),
                ("prefix_cache_hit_rate", "Prefix cache hit rate (/metrics)", ".3f"),
-               ("spec_acceptance_rate", "Spec. acceptance rate (/metrics)", ".3f")]
+               ("acceptance_rate", "Spec. acceptance rate (/metrics)", ".3f")]
 
 
 def _print_bench(table) -> None:

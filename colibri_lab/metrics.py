@@ -19,6 +19,10 @@ sampling, grammar masks, and "other": admission, norms, RoPE, batch building,
 KV bookkeeping).  Finer details (norm_ms, rope_ms are parts of other_ms;
 sync_ms is spread over the phases) are listed apart, so nothing stacks them.
 
+Group summaries (SUMMARY: the prefix-cache hit rate and the speculation
+metrics of a variant, a category or a server run) are ratios of sums, under
+vLLM's names.
+
 External names (OpenAI chat / completions and Responses usage, Anthropic
 usage, llama.cpp `timings`, the
 Prometheus families of /metrics, DataFrame columns) are one table each below,
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,42 @@ EVENT: dict[str, Field] = _fields(
 )
 
 
+# ------------------------------------------------------------------ summaries
+# Metrics of a group of requests (a variant, a task category, a server run):
+# ratios of sums over the group's requests, never means of per-request ratios,
+# under vLLM's names (vLLM reports the pooled numbers too).  accept_rate,
+# accept_len_mean and draft_time_share above are the same quantities for one
+# request.
+SUMMARY: dict[str, Field] = _fields(
+    ("prefix_cache_hit_rate", "ratio", "derived", "sum cached_tokens / sum prompt_tokens (vLLM: prefix cache hits / "
+                                                  "queries, in tokens; NaN without prompt tokens)"),
+    ("spec_decode_num_drafts", "count", "derived", "sum draft_steps: verify steps that carried drafts"),
+    ("spec_decode_num_draft_tokens", "tokens", "derived", "sum draft_n"),
+    ("spec_decode_num_accepted_tokens", "tokens", "derived", "sum draft_accepted"),
+    ("spec_decode_num_accepted_tokens_per_pos", "tokens", "derived", "list: sum draft_accepted_by_pos (0-based)"),
+    ("acceptance_rate", "ratio", "derived", "accepted / draft tokens (NaN when nothing was drafted)"),
+    ("mean_acceptance_length", "tokens", "derived", "1 + accepted / drafts: tokens per verify step of a drafting "
+                                                    "request (NaN when nothing was drafted)"),
+    ("acceptance_rate_per_pos", "ratio", "derived", "list: accepted at position i / drafts (vLLM's per-position "
+                                                    "rate)"),
+    ("conditional_acceptance_per_pos", "ratio", "derived", "list: accepted at i / drafts that reached i "
+                                                           "(sum draft_n_by_pos)"),
+    ("draft_time_share", "ratio", "derived", "sum draft_ms / sum decode_ms (NaN without decoding)"),
+)
+SUMMARY_LISTS = ("spec_decode_num_accepted_tokens_per_pos", "acceptance_rate_per_pos",
+                 "conditional_acceptance_per_pos")
+# The scalar speculation summary, one column each in speculative.spec_table
+# (the per-position rate flattened as acceptance_rate_pos_<i>).
+SPEC_SUMMARY_SCALARS = tuple(k for k in SUMMARY if k.startswith("spec_decode") and k not in SUMMARY_LISTS) + (
+    "acceptance_rate", "mean_acceptance_length", "draft_time_share")
+SPEC_POS_PREFIX = "acceptance_rate_pos_"
+
+# Names earlier releases used for SUMMARY metrics: results saved under them
+# read back under the new ones (experiments.results.load_results).
+RENAMED = {"hit_ratio": "prefix_cache_hit_rate", "hit ratio": "prefix_cache_hit_rate",
+           "spec_acceptance_rate": "acceptance_rate", "spec_mean_acceptance_length": "mean_acceptance_length"}
+
+
 # ------------------------------------------------------------ derivations
 def derive_request(raw: Mapping, py_queue_ms: float = 0.0, token_times: list | None = None) -> dict:
     """A request's metrics from the binding's C fields: the scheduler's wait
@@ -158,9 +198,49 @@ def empty_request(finish_reason: str, completion_tokens: int = 0) -> dict:
     return derive_request(m)
 
 
-def hit_ratio(prompt_tokens: float, cached_tokens: float) -> float:
-    """Prefix-cache hit ratio: cached / prompt tokens (vLLM: prefix cache hits / queries)."""
-    return cached_tokens / prompt_tokens if prompt_tokens else 0.0
+
+
+def prefix_cache_hit_rate(prompt_tokens: float, cached_tokens: float) -> float:
+    """SUMMARY["prefix_cache_hit_rate"] from the summed token counts."""
+    return cached_tokens / prompt_tokens if prompt_tokens else math.nan
+
+
+def spec_summary(metrics: Iterable[Mapping]) -> dict:
+    """The speculation metrics of SUMMARY over requests' metric dicts (the
+    engine's per-request `metrics`: draft_steps, draft_n, draft_accepted,
+    draft_n_by_pos, draft_accepted_by_pos, draft_ms, decode_ms)."""
+    drafts = tokens = accepted = 0
+    draft_ms = decode_ms = 0.0
+    per_pos: list[int] = []
+    reached: list[int] = []
+    for m in metrics:
+        drafts += int(m.get("draft_steps", 0) or 0)
+        tokens += int(m.get("draft_n", 0) or 0)
+        accepted += int(m.get("draft_accepted", 0) or 0)
+        draft_ms += float(m.get("draft_ms", 0.0) or 0.0)
+        decode_ms += float(m.get("decode_ms", 0.0) or 0.0)
+        for name, acc in (("draft_accepted_by_pos", per_pos), ("draft_n_by_pos", reached)):
+            for i, v in enumerate(m.get(name) or ()):
+                if i >= len(acc):
+                    acc.extend([0] * (i + 1 - len(acc)))
+                acc[i] += int(v)
+    return {
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_num_draft_tokens": tokens,
+        "spec_decode_num_accepted_tokens": accepted,
+        "spec_decode_num_accepted_tokens_per_pos": per_pos,
+        "acceptance_rate": accepted / tokens if tokens else math.nan,
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else math.nan,
+        "acceptance_rate_per_pos": [a / drafts for a in per_pos] if drafts else [],
+        "conditional_acceptance_per_pos": [a / n if n else math.nan for a, n in zip(per_pos, reached)],
+        "draft_time_share": draft_ms / decode_ms if decode_ms > 0 else math.nan,
+    }
+
+
+# The request fields /profile summarizes (mean and percentiles over its
+# window): every numeric scalar of REQUEST.
+PROFILE_FIELDS = tuple(k for k in REQUEST_SCALARS if REQUEST[k].unit in ("ms", "us", "tokens", "tok/s", "ratio",
+                                                                          "count"))
 
 
 def json_safe(v):

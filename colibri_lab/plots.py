@@ -175,24 +175,24 @@ def grammar_mask_per_token(df, by: str | None = "variant", ax=None) -> Figure:
     return fig
 
 
-def prefix_hit_ratio_by_turn(df, by: str | None = "variant", ax=None) -> Figure:
-    """Prefix hit ratio (sum cached_tokens / sum prompt_tokens) per turn, grouped bars."""
-    from colibri_lab.experiments.stats import hit_ratio
+def prefix_cache_hit_rate_by_turn(df, by: str | None = "variant", ax=None) -> Figure:
+    """Prefix cache hit rate (sum cached_tokens / sum prompt_tokens) per turn, grouped bars."""
+    from colibri_lab.experiments.stats import prefix_cache_hit_rate
 
     df = _ok(_requests(df))
     fig, ax = _axes(ax)
     keys = [by, "turn"] if by and by in df.columns else ["turn"]
-    hr = hit_ratio(df, by=keys)
+    hr = prefix_cache_hit_rate(df, by=keys)
     groups = _groups(hr, by if by in hr.columns else None)
     width = 0.8 / max(1, len(groups))
     for i, (name, g) in enumerate(groups):
-        ax.bar(g["turn"].to_numpy(float) + (i - (len(groups) - 1) / 2) * width, g["hit_ratio"].to_numpy(),
+        ax.bar(g["turn"].to_numpy(float) + (i - (len(groups) - 1) / 2) * width, g["prefix_cache_hit_rate"].to_numpy(),
                width=width, label=str(name))
     ax.set_xlabel("turn")
-    ax.set_ylabel("prefix hit ratio (cached / prompt tokens)")
+    ax.set_ylabel("prefix cache hit rate (cached / prompt tokens)")
     ax.set_ylim(0, 1.05)
     ax.set_xticks(sorted(hr["turn"].unique()))
-    ax.set_title("Prefix hit ratio by turn")
+    ax.set_title("Prefix cache hit rate by turn")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize="small")
     return _stamp(fig, df)

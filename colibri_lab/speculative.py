@@ -21,16 +21,8 @@ it differs by model, so it is measured, not guessed:
 The result is cached per model file (name, size, mtime) under the model
 cache directory; `Engine(..., layer_skip=True)` uses it.
 
-Metric names (vLLM's where it has one):
-  spec_decode_num_drafts             verification rounds that carried drafts (vLLM num_drafts)
-  spec_decode_num_draft_tokens       draft tokens proposed
-  spec_decode_num_accepted_tokens    draft tokens accepted
-  spec_decode_num_accepted_tokens_per_pos   accepted tokens at draft position i (0-based)
-  acceptance_rate                    accepted / draft tokens
-  mean_acceptance_length             1 + accepted / drafts (tokens per verify step of a drafting request)
-  acceptance_rate_per_pos            accepted at i / drafts (vLLM's per-position rate)
-  conditional_acceptance_per_pos     accepted at i / drafts that reached i (our draft_n_by_pos)
-  draft_time_share                   time spent drafting / decode time
+The speculation metrics (spec_summary, spec_table) are colibri_lab.metrics.SUMMARY's,
+under vLLM's names.
 """
 from __future__ import annotations
 
@@ -39,48 +31,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from colibri_lab.metrics import SPEC_POS_PREFIX, SPEC_SUMMARY_SCALARS, spec_summary  # noqa: F401 (re-exported)
+
 
 # ------------------------------------------------------------ metrics
-
-SPEC_METRICS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
-                "acceptance_rate", "mean_acceptance_length", "draft_time_share")
-
-
-def spec_summary(metrics: Iterable[Mapping]) -> dict:
-    """vLLM-named speculation metrics summed over requests' metric dicts (the
-    engine's per-request `metrics`: draft_steps, draft_n, draft_accepted,
-    draft_n_by_pos, draft_accepted_by_pos, draft_ms, decode_ms)."""
-    drafts = tokens = accepted = 0
-    draft_ms = decode_ms = 0.0
-    per_pos: list[int] = []
-    reached: list[int] = []
-    for m in metrics:
-        drafts += int(m.get("draft_steps", 0) or 0)
-        tokens += int(m.get("draft_n", 0) or 0)
-        accepted += int(m.get("draft_accepted", 0) or 0)
-        draft_ms += float(m.get("draft_ms", 0.0) or 0.0)
-        decode_ms += float(m.get("decode_ms", 0.0) or 0.0)
-        for name, acc in (("draft_accepted_by_pos", per_pos), ("draft_n_by_pos", reached)):
-            for i, v in enumerate(m.get(name) or ()):
-                if i >= len(acc):
-                    acc.extend([0] * (i + 1 - len(acc)))
-                acc[i] += int(v)
-    return {
-        "spec_decode_num_drafts": drafts,
-        "spec_decode_num_draft_tokens": tokens,
-        "spec_decode_num_accepted_tokens": accepted,
-        "spec_decode_num_accepted_tokens_per_pos": per_pos,
-        "acceptance_rate": accepted / tokens if tokens else float("nan"),
-        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else float("nan"),
-        "acceptance_rate_per_pos": [a / drafts for a in per_pos] if drafts else [],
-        "conditional_acceptance_per_pos": [a / n if n else float("nan") for a, n in zip(per_pos, reached)],
-        "draft_time_share": draft_ms / decode_ms if decode_ms > 0 else float("nan"),
-    }
-
-
 def spec_table(df, by: Sequence[str] = ("variant",)):
-    """The vLLM-named speculation metrics per group of a request DataFrame
+    """The speculation metrics of colibri_lab.metrics.SUMMARY per group of a request DataFrame
     (the runner's columns: draft_steps, draft_n, draft_accepted,
     draft_n_pos_<i>, draft_accepted_pos_<i>, draft_ms, decode_ms)."""
     import pandas as pd
@@ -101,9 +59,9 @@ def spec_table(df, by: Sequence[str] = ("variant",)):
                        "draft_n_by_pos": n_pos})
         s = spec_summary(ms)
         row = dict(zip(by, key))
-        row.update({k: s[k] for k in SPEC_METRICS})
+        row.update({k: s[k] for k in SPEC_SUMMARY_SCALARS})
         for i, v in enumerate(s["acceptance_rate_per_pos"]):
-            row[f"acceptance_rate_pos_{i}"] = v
+            row[f"{SPEC_POS_PREFIX}{i}"] = v
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -157,8 +157,8 @@ def test_request_table_schema_and_pairing(tiny_run):
     assert list(blocks["variant"]) == ["off", "on", "on", "off"]
     # sampling at temperature 0.8 with per-item seeds: reuse must not change the text
     tab = summary_table(res)
-    assert bool(tab.loc["on", "outputs equal"]) and tab.loc["on", "hit ratio"] > 0.3
-    assert tab.loc["off", "hit ratio"] == 0.0
+    assert bool(tab.loc["on", "outputs equal"]) and tab.loc["on", "prefix_cache_hit_rate"] > 0.3
+    assert tab.loc["off", "prefix_cache_hit_rate"] == 0.0
 
 
 def test_step_table_and_metadata(tiny_run):

@@ -175,8 +175,8 @@ def test_prometheus_deltas_give_hit_rate_and_acceptance():
     d = loadgen.metrics_delta(before, loadgen.parse_prometheus(after_text))
     assert d["request_success"] == 6
     assert d["prefix_cache_hit_rate"] == pytest.approx(150 / 200)
-    assert d["spec_acceptance_rate"] == pytest.approx(30 / 40)
-    assert d["spec_mean_acceptance_length"] == pytest.approx(1 + 30 / 10)
+    assert d["acceptance_rate"] == pytest.approx(30 / 40)
+    assert d["mean_acceptance_length"] == pytest.approx(1 + 30 / 10)
     empty = loadgen.metrics_delta({}, {})
     assert math.isnan(empty["prefix_cache_hit_rate"]) and math.isnan(empty["request_success"])
 

@@ -152,6 +152,12 @@ def test_every_external_name_comes_from_the_schema(engine, server, make_tiny):
     body = json.loads(data)
     assert st == 200 and _keys(body["usage"]) == {e.name for e in schema.RESPONSES_USAGE}, body
     assert set(body["timings"]) == {e.name for e in schema.LLAMACPP_TIMINGS}
+    # /profile: the request fields it summarizes and the hit rate
+    st, _, data = raw(server, "GET", "/profile")
+    prof = json.loads(data)
+    assert st == 200 and set(prof["summary"]) <= set(schema.PROFILE_FIELDS) <= set(schema.REQUEST)
+    assert {"ttft_ms", "tpot_ms", "e2e_ms", "cached_tokens"} <= set(prof["summary"])
+    assert 0.0 <= prof["prefix_cache_hit_rate"] <= 1.0 and "prefix_cache_hit_rate" in schema.SUMMARY
     # /metrics: every family
     _, _, data = raw(server, "GET", "/metrics")
     families = {ln.split()[2] for ln in data.decode().splitlines() if ln.startswith("# TYPE")}
@@ -171,6 +177,24 @@ def test_every_external_name_comes_from_the_schema(engine, server, make_tiny):
     assert not bad, bad
     bad = [c for c in res.steps.columns if not schema.is_step_column(c)]
     assert not bad, bad
+    # group summaries: summary_table, stats, spec_table, the serving tables' /metrics deltas
+    from colibri_lab.experiments import metrics_delta, prefix_cache_hit_rate, summary_table
+    from colibri_lab.experiments.loadgen import parse_prometheus
+    from colibri_lab.speculative import spec_table
+
+    assert "prefix_cache_hit_rate" in summary_table(res).columns
+    assert "prefix_cache_hit_rate" in prefix_cache_hit_rate(res.requests).columns
+    st_cols = set(spec_table(res.requests).columns) - {"variant"}
+    bad = [c for c in st_cols if c not in schema.SUMMARY and not c.startswith(schema.SPEC_POS_PREFIX)]
+    assert not bad and set(schema.SPEC_SUMMARY_SCALARS) <= st_cols, (bad, st_cols)
+    before = parse_prometheus(raw(server, "GET", "/metrics")[2].decode())
+    raw(server, "POST", "/v1/chat/completions", chat)
+    wait_idle(engine)
+    delta = metrics_delta(before, parse_prometheus(raw(server, "GET", "/metrics")[2].decode()))
+    counters = {e.name.removesuffix("_total") for e in schema.PROMETHEUS if e.kind == "counter"}
+    bad = [k for k in delta if k not in schema.SUMMARY and k not in counters]
+    assert not bad, bad
+    assert {"prefix_cache_hit_rate", "acceptance_rate", "mean_acceptance_length"} <= set(delta)
 
 
 # ---------------------------------------------------------------- bounds

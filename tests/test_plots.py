@@ -54,8 +54,8 @@ def test_throughput_vs_concurrency_plots_block_aggregates():
     np.testing.assert_allclose(np.asarray(agg.get_ydata(), float), [30.0, 51.0, 87.0])   # 6 items x 3 turns x 10 tokens over 6/speed s
 
 
-def test_prefix_hit_ratio_by_turn():
-    fig = plots.prefix_hit_ratio_by_turn(synthetic_requests(), by=None)
+def test_prefix_cache_hit_rate_by_turn():
+    fig = plots.prefix_cache_hit_rate_by_turn(synthetic_requests(), by=None)
     heights = [p.get_height() for p in fig.axes[0].patches]
     np.testing.assert_allclose(heights, [0.0, 110 / 140, 150 / 180])
 

@@ -132,7 +132,7 @@ def test_histogram_and_render():
     assert 'vllm:kv_cache_usage_perc{model_name="m"} 0.25' in text
     assert 'finished_reason="stop"} 1' in text
     p = m.profile([{"step_ms": 2.0}, {"step_ms": 4.0}])
-    assert p["n"] == 1 and p["hit_ratio"] == 0.4 and p["steps"]["step_ms_p50"] == 3.0
+    assert p["n"] == 1 and p["prefix_cache_hit_rate"] == 0.4 and p["steps"]["step_ms_p50"] == 3.0
 
 
 def test_cli_options_shared():

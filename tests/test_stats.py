@@ -87,7 +87,7 @@ def test_output_equality_finds_mismatches():
     assert not stats.output_equality(df, "A", "nope")["all_equal"]   # no pairs is not "equal"
 
 
-def test_medians_p99_throughput_and_hit_ratio():
+def test_medians_p99_throughput_and_prefix_cache_hit_rate():
     x = np.arange(1, 101, dtype=float)
     df = pd.DataFrame({"variant": "A", "e2e_ms": x})
     s = stats.summarize(df, ["e2e_ms"])
@@ -97,7 +97,7 @@ def test_medians_p99_throughput_and_hit_ratio():
                         "cached_tokens": [0, 50, 50, 0, 0, 0], "prompt_tokens": [100] * 6})
     bt = stats.block_throughput(blk).set_index("variant")
     assert bt.loc["A", "throughput_tok_s"] == 10.0 and bt.loc["B", "throughput_tok_s"] == 10.0
-    hr = stats.hit_ratio(blk).set_index("variant")["hit_ratio"]
+    hr = stats.prefix_cache_hit_rate(blk).set_index("variant")["prefix_cache_hit_rate"]
     assert hr["A"] == pytest.approx(1 / 3) and hr["B"] == 0.0
     with pytest.raises(ValueError):
         stats.direction("mystery")

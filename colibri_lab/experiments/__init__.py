@@ -33,9 +33,9 @@ from colibri_lab.experiments.stats import (  # noqa: F401
     bootstrap_mean_ci,
     compare,
     earns_its_keep,
-    hit_ratio,
     numerics_table,
     output_equality,
+    prefix_cache_hit_rate,
     summarize,
     summary_table,
 )

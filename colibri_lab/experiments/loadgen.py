@@ -414,9 +414,9 @@ def metrics_delta(before: dict, after: dict) -> dict:
                              "prefix_cache_hits", "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
                              "spec_decode_num_accepted_tokens")}
     out["prefix_cache_hit_rate"] = _ratio(out["prefix_cache_hits"], out["prefix_cache_queries"])
-    out["spec_acceptance_rate"] = _ratio(out["spec_decode_num_accepted_tokens"], out["spec_decode_num_draft_tokens"])
+    out["acceptance_rate"] = _ratio(out["spec_decode_num_accepted_tokens"], out["spec_decode_num_draft_tokens"])
     acc = _ratio(out["spec_decode_num_accepted_tokens"], out["spec_decode_num_drafts"])
-    out["spec_mean_acceptance_length"] = 1.0 + acc if math.isfinite(acc) else float("nan")
+    out["mean_acceptance_length"] = 1.0 + acc if math.isfinite(acc) else float("nan")
     return out
 
 

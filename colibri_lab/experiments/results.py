@@ -234,6 +234,10 @@ def load_results(path: str | os.PathLike) -> Results:
     else:  # saved with steps="none"
         st = pd.DataFrame(columns=STEP_COLUMNS)
     gp = _read_frame(p / "gaps.csv.gz", dtypes["gaps"]) if (p / "gaps.csv.gz").is_file() else None
+    for b in meta.get("blocks") or []:   # serving blocks' /metrics deltas: SUMMARY metrics under their old names
+        if isinstance(b.get("metrics_delta"), dict):
+            b["metrics_delta"] = {schema.RENAMED.get(k, k): v for k, v in b["metrics_delta"].items()}
+    req = req.rename(columns=schema.RENAMED)
     res = Results(req, st, meta, path=p, gaps=gp)
     if (p / "numerics.csv").is_file():
         res.numerics = _read_frame(p / "numerics.csv", dtypes.get("numerics", {}))

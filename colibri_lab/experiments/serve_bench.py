@@ -385,7 +385,7 @@ def serve_table(res: Results, slo: str | dict | None = None) -> pd.DataFrame:
     requests pooled for the percentiles, throughputs over the summed block
     durations; `sustained` = the median over blocks of the completion /
     arrival rate ratio (loadgen.sustained); the /metrics deltas summed over
-    blocks give prefix_cache_hit_rate and spec_acceptance_rate; then the
+    blocks give prefix_cache_hit_rate and acceptance_rate; then the
     model file and the commit.  slo: default the spec's serve.slo."""
     df, gp = res.requests, res.gaps if res.gaps is not None else pd.DataFrame(columns=["variant", "itl_ms"])
     if slo is None:
@@ -413,8 +413,8 @@ def serve_table(res: Results, slo: str | dict | None = None) -> pd.DataFrame:
         rec["requests_in_metrics"] = tot.get("request_success", float("nan"))
         rec["prefix_cache_hit_rate"] = loadgen._ratio(tot.get("prefix_cache_hits", float("nan")),
                                                       tot.get("prefix_cache_queries", float("nan")))
-        rec["spec_acceptance_rate"] = loadgen._ratio(tot.get("spec_decode_num_accepted_tokens", float("nan")),
-                                                     tot.get("spec_decode_num_draft_tokens", float("nan")))
+        rec["acceptance_rate"] = loadgen._ratio(tot.get("spec_decode_num_accepted_tokens", float("nan")),
+                                                tot.get("spec_decode_num_draft_tokens", float("nan")))
         em = (res.meta.get("engines") or {}).get(v) or {}
         rec["model_file"] = os.path.basename(em.get("model_path", "")) if em.get("model_path") else ""
         rec["commit"] = commit

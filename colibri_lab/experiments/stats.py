@@ -27,7 +27,7 @@ DIRECTION = {
     "queue_ms": "lower", "ttft_ms": "lower", "prefill_ms": "lower", "decode_ms": "lower", "e2e_ms": "lower",
     "tpot_ms": "lower", "client_ms": "lower", "grammar_mask_us": "lower", "step_ms": "lower",
     "decode_tok_s": "higher", "throughput_tok_s": "higher", "accept_rate": "higher",
-    "accept_len_mean": "higher", "cached_tokens": "higher", "hit_ratio": "higher",
+    "accept_len_mean": "higher", "cached_tokens": "higher", "prefix_cache_hit_rate": "higher",
     "perplexity": "lower", "kl_mean": "lower", "kl_max": "lower", "top1_agree": "higher",
 }
 
@@ -189,12 +189,13 @@ def block_throughput(df: pd.DataFrame, by: Sequence[str] = ("variant", "repeat")
     return pd.DataFrame(out)
 
 
-def hit_ratio(df: pd.DataFrame, by: str | Sequence[str] = "variant") -> pd.DataFrame:
-    """Prefix hit ratio per group: sum(cached_tokens) / sum(prompt_tokens)
-    (vLLM's prefix_cache_hits / prefix_cache_queries, counted in tokens)."""
+def prefix_cache_hit_rate(df: pd.DataFrame, by: str | Sequence[str] = "variant") -> pd.DataFrame:
+    """colibri_lab.metrics.SUMMARY's prefix_cache_hit_rate per group:
+    sum(cached_tokens) / sum(prompt_tokens) (vLLM's prefix cache hits /
+    queries, counted in tokens; NaN for a group without prompt tokens)."""
     by = [by] if isinstance(by, str) else list(by)
     g = df.groupby(by, sort=True)[["cached_tokens", "prompt_tokens"]].sum().reset_index()
-    g["hit_ratio"] = g["cached_tokens"] / g["prompt_tokens"].where(g["prompt_tokens"] > 0)
+    g["prefix_cache_hit_rate"] = g["cached_tokens"] / g["prompt_tokens"].where(g["prompt_tokens"] > 0)
     return g
 
 
@@ -277,7 +278,7 @@ def numerics_table(results, *, ppl_tol: float = NUMERICS_PPL_TOL, agree_min: flo
 def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_ms"),
                   primary: str = "e2e_ms", **kw) -> pd.DataFrame:
     """One row per variant: requests, medians (and p99 of e2e), aggregate
-    throughput, prefix hit ratio, the paired ratio of `primary` against the
+    throughput, prefix cache hit rate, the paired ratio of `primary` against the
     baseline with its interval and verdict, and output equality with the
     baseline (for lossless experiments, every mismatch is a bug); then the
     model file each variant ran and the commit of the run ("+dirty" when
@@ -294,7 +295,7 @@ def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_
         base = variants[0]
     s = summarize(df, metrics).set_index("variant")
     bt = block_throughput(df).groupby("variant")["throughput_tok_s"].median()
-    hr = hit_ratio(df).set_index("variant")["hit_ratio"]
+    hr = prefix_cache_hit_rate(df).set_index("variant")["prefix_cache_hit_rate"]
     rows = []
     for v in variants:
         rec = {"variant": v, "n": int(s.loc[v, "n"])}
@@ -303,7 +304,7 @@ def summary_table(results, metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2e_
         if "e2e_ms" in metrics:
             rec["e2e_ms p99"] = s.loc[v, "e2e_ms_p99"]
         rec["tok/s (agg)"] = bt.get(v, float("nan"))
-        rec["hit ratio"] = hr.get(v, float("nan"))
+        rec["prefix_cache_hit_rate"] = hr.get(v, float("nan"))
         if v != base:
             c = compare(df, primary, base, v, **kw)
             rec[f"{primary} ratio"] = c["ratio"]

@@ -14,6 +14,7 @@ prefix.
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 import threading
 import time
@@ -182,9 +183,9 @@ class Metrics:
         with self.lock:
             reqs = list(self.window)
         summary = {}
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "prefill_ms", "decode_tok_s",
-                    "prompt_tokens", "cached_tokens", "completion_tokens"):
-            vals = [float(r[key]) for r in reqs if isinstance(r.get(key), (int, float))]
+        for key in schema.PROFILE_FIELDS:
+            vals = [float(r[key]) for r in reqs
+                    if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool) and math.isfinite(r[key])]
             if vals:
                 vals.sort()
                 summary[key] = {"mean": statistics.fmean(vals), "p50": _pct(vals, 50), "p90": _pct(vals, 90),
@@ -198,7 +199,7 @@ class Metrics:
             "n": len(reqs),
             "requests": reqs,
             "summary": summary,
-            "hit_ratio": schema.hit_ratio(total_p, hit),
+            "prefix_cache_hit_rate": schema.json_safe(schema.prefix_cache_hit_rate(total_p, hit)),
             "finish_reasons": dict(collections.Counter(r.get("finish_reason") for r in reqs)),
             "steps": {"n": len(steps), "step_ms_p50": _pct(step_ms, 50) if step_ms else 0.0,
                       "step_ms_p90": _pct(step_ms, 90) if step_ms else 0.0,
