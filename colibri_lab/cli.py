@@ -5,7 +5,7 @@
     colibri-lab models list
     colibri-lab models pull smollm2
     colibri-lab info [--model PATH]
-    colibri-lab run experiments/tour.toml [--small]
+    colibri-lab run experiments/tour.toml [--small] [--model qwen2.5-coder-1.5b]
     colibri-lab score FILE --model qwen2.5-coder-1.5b
     colibri-lab serve --model smollm2 --port 8080
     colibri-lab bench serve --base-url http://127.0.0.1:8080 --model smollm2 --rate 0.5,1,2,4 --workload open_chat
@@ -202,7 +202,8 @@ def cmd_run(a) -> int:
     from colibri_lab.experiments import run_spec, summary_table
 
     kw = {"backend": a.dask} if getattr(a, "dask", None) else {}   # a Dask cluster, else in-process
-    res = run_spec(a.spec, small=True if a.small else None, save=not a.no_save, **kw)
+    over = {"engine": {"model": a.model}} if a.model else None      # every variant's model (serving: both servers')
+    res = run_spec(a.spec, small=True if a.small else None, overrides=over, save=not a.no_save, **kw)
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 30):
@@ -326,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run an experiment spec (TOML): table, results and plots")
     r.add_argument("spec")
     r.add_argument("--small", action="store_true", help="the spec's small (CI) sizes")
+    r.add_argument("--model", default=None,
+                   help="alias or GGUF path replacing the spec's [engine] model (after --small's overrides)")
     r.add_argument("--no-save", action="store_true", help="do not write results")
     r.add_argument("--dask", default=None, metavar="ADDRESS",
                    help='run on a Dask cluster: a scheduler address (tcp://host:8786), "local" or "local:N" '

@@ -253,3 +253,31 @@ request = {{ max_tokens = 2 }}
     assert set(res.requests.groupby("variant")["completion_tokens"].max()) == {3, 2}
     tab = summary_table(load_results(res.path))
     assert list(tab.index) == ["a", "b"] and tab.loc["a", "n"] == 2
+
+
+def test_cli_run_model_replaces_the_specs_model(make_tiny, tmp_path, monkeypatch, capsys):
+    """`colibri-lab run SPEC --model M` runs every variant on M (the spec names a file that does not exist)."""
+    from colibri_lab.cli import main
+    from colibri_lab.experiments import latest_results
+
+    tiny = make_tiny()
+    (tmp_path / "w.json").write_text(json.dumps(MINI))
+    (tmp_path / "x.toml").write_text(f"""
+name = "x"
+workload = {{ name = "{tmp_path / 'w.json'}", n = 1 }}
+repeats = 1
+[engine]
+model = "{tmp_path / 'absent.gguf'}"
+n_threads = 1
+n_ctx = 256
+simd = "scalar"
+[request]
+max_tokens = 2
+[[variants]]
+name = "a"
+""")
+    assert main(["run", str(tmp_path / "x.toml"), "--model", str(tiny.path)]) == 0
+    assert "results:" in capsys.readouterr().out
+    res = latest_results("x", root=tmp_path / "results")
+    assert {e["model_path"] for e in res.meta["engines"].values()} == {str(tiny.path)}
+    assert res.meta["experiment"]["engine"]["model"] == str(tiny.path)
