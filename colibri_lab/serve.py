@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=2048, help="context length per slot (default 2048)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (0 = all cores)")
     p.add_argument("--simd", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
+    p.add_argument("--chunk", type=int, default=0,
+                   help="prompt tokens one request adds to a step (0 = the whole batch, 512): a smaller chunk "
+                        "spreads a prompt over several steps, so the streams decoding next to it wait less")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429 (default 256)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' = any)")
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         from colibri_lab.errors import ColibriError
         try:
             engine = Engine(args.model, n_threads=args.threads, n_ctx=args.ctx, n_slots=args.slots,
-                            simd=args.simd, max_queue=args.max_queue)
+                            n_chunk=args.chunk, simd=args.simd, max_queue=args.max_queue)
         except ColibriError as e:
             print(f"colibri-lab serve: cannot load model: {e}", file=sys.stderr)
             return 2

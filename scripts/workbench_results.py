@@ -24,18 +24,24 @@ sys.path.insert(0, str(ROOT))
 from colibri_lab.experiments import load_results, serve_table, summary_table  # noqa: E402
 from colibri_lab.experiments.results import provenance  # noqa: E402
 
-# experiment name -> (title, notebook)
+# experiment name -> (title, how it runs at full size)
 TITLES = {
-    "tour": ("Tour: prefix reuse off vs on (shared_prefix)", "tour.ipynb"),
-    "batching": ("Continuous batching: throughput vs concurrency (open_chat)", "batching_latency.ipynb"),
-    "prefix": ("Prefix hit ratio across turns (multi_turn)", "prefix_hit_ratio.ipynb"),
-    "speculative": ("Speculative decoding on copy-heavy edits (copy_edit)", "speculative_acceptance.ipynb"),
+    "tour": ("Tour: prefix reuse off vs on (shared_prefix)", "notebooks/tour.ipynb"),
+    "batching": ("Continuous batching: throughput vs concurrency (open_chat)", "notebooks/batching_latency.ipynb"),
+    "prefix": ("Prefix hit ratio across turns (multi_turn)", "notebooks/prefix_hit_ratio.ipynb"),
+    "grammar": ("Grammar overhead: JSON Schema constrained decoding (json_extract)",
+                "notebooks/grammar_overhead.ipynb"),
+    "numerics": ("Numerics: KV cache f32 vs f16, and the AVX2 kernels (open_chat)",
+                 "`colibri-lab run experiments/numerics.toml --model M`"),
+    "speculative": ("Speculative decoding on copy-heavy edits (copy_edit)", "notebooks/speculative_acceptance.ipynb"),
     "speculative_chat": ("Speculative decoding on open chat: the adaptive policy (open_chat)",
-                         "speculative_acceptance.ipynb"),
-    "grammar": ("Grammar overhead: JSON Schema constrained decoding (json_extract)", "grammar_overhead.ipynb"),
+                         "notebooks/speculative_acceptance.ipynb"),
     "serving": ("Serving latency: our server vs llama.cpp's server, Poisson arrivals (open_chat)",
-                "serving_latency.ipynb"),
+                "notebooks/serving_latency.ipynb"),
 }
+# the metric each experiment's notebook compares (its summary_table primary) and the medians shown
+PRIMARY = {"tour": "ttft_ms", "batching": "tpot_ms", "prefix": "ttft_ms", "grammar": "decode_tok_s"}
+METRICS = {"grammar": ("ttft_ms", "tpot_ms", "e2e_ms", "decode_tok_s")}
 SERVE_COLS = ["server", "rate", "completed", "failed", "sustained", "request_throughput", "request_goodput",
               "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
               "p99_itl_ms", "p99_e2el_ms", "prefix_cache_hit_rate"]
@@ -60,10 +66,13 @@ def md_table(df) -> str:
 
 
 def latest_runs(root: Path) -> list[Path]:
-    """The latest run of every (experiment, model) under root."""
+    """The latest run of every (experiment, model) under root, by experiment, then model."""
     best: dict = {}
     for meta in sorted(root.glob("*/*/meta.json")):
         res_dir = meta.parent
+        if res_dir.parent.name not in TITLES:   # not an experiment family (e.g. a benchmark script's table)
+            print(f"skipping {res_dir}: not an experiment family of this page", file=sys.stderr)
+            continue
         try:
             res = load_results(res_dir)
         except Exception as exc:  # noqa: BLE001
@@ -83,23 +92,78 @@ NOTES = {
 }
 
 
-def section(path: Path) -> str:
+def _table(res, name: str):
+    """The run's summary: serve_table for serving runs, else summary_table with the notebook's primary metric."""
+    if res.meta.get("serving"):
+        t = serve_table(res)
+        return t[[c for c in SERVE_COLS if c in t.columns]]
+    t = summary_table(res, metrics=METRICS.get(name, ("ttft_ms", "tpot_ms", "e2e_ms")),
+                      primary=PRIMARY.get(name, "e2e_ms"))
+    return t.drop(columns=[c for c in ("model", "commit") if c in t.columns])
+
+
+def _claims_count(m: dict) -> str:
+    claims = m.get("claims") or []
+    if not claims:
+        return "no claims recorded"
+    ok = sum(c["holds"] is True for c in claims)
+    bad = sum(c["holds"] is False for c in claims)
+    rest = len(claims) - ok - bad
+    return f"{ok} of {len(claims)} claims hold" + (f", {bad} do not" if bad else "") + (f", {rest} not tested"
+                                                                                        if rest else "")
+
+
+def side_by_side(name: str, paths: list[Path]) -> str:
+    """One table with a column per model: each variant's paired ratio (or, for serving, the p99s and
+    whether it kept up) and the claims that hold, each run cited by path."""
+    cols, claims, cites = {}, [], []
+    for path in paths:
+        res = load_results(path)
+        model = (provenance(res.meta)["models"] or ["?"])[0]
+        short = model.split("-Instruct")[0].split("-instruct")[0]
+        t = _table(res, name)
+        if res.meta.get("serving"):
+            t = t.set_index(t.index.astype(str))
+            cols[short] = t.apply(lambda r: f"sustained {fmt(r['sustained'])}, TTFT p99 {fmt(r['p99_ttft_ms'])}, "
+                                             f"ITL p99 {fmt(r['p99_itl_ms'])}, TPOT p99 {fmt(r['p99_tpot_ms'])} ms",
+                                  axis=1)
+        else:
+            metric = PRIMARY.get(name, "e2e_ms")
+            cols[short] = t.apply(lambda r: "baseline" if r["ci"] == "baseline" else
+                                  f"{fmt(r[f'{metric} ratio'])} {r['ci']} {r['verdict']}", axis=1)
+        claims.append(f"{short}: {_claims_count(res.meta)}")
+        rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        cites.append(f"{short}: `{rel}/`")
+    import pandas as pd
+
+    df = pd.DataFrame(cols).fillna("")
+    what = ("per (server, rate)" if any(load_results(p).meta.get("serving") for p in paths[:1])
+            else f"{PRIMARY.get(name, 'e2e_ms')} ratio vs the baseline [95% CI] verdict")
+    df.index.name = f"variant ({what})"
+    return "\n".join([md_table(df), "", "- claims: " + "; ".join(claims), "- results: " + "; ".join(cites), ""])
+
+
+def section(path: Path, level: str = "##") -> str:
     res = load_results(path)
     m = res.meta
     name = path.parent.name
-    title, nb = TITLES.get(name, (name, "?"))
+    title, how = TITLES.get(name, (name, "?"))
     p = provenance(m)
     git = m.get("git") or {}
     load = m.get("load") or {}
     rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     models = ", ".join(p["models"]) or "?"
-    out = [f"## {title} - {models}", ""]
-    out.append(f"- notebook: `notebooks/{nb}`, run at full size with nbclient "
-               f"(`COLIBRI_LAB_SMALL=0`, model and threads in the parameter cell's environment variables)")
+    out = [f"{level} {title} - {models}", ""]
+    if how.startswith("notebooks/"):
+        out.append(f"- notebook: `{how}`, run at full size with nbclient (`python scripts/run_notebook.py "
+                   f"{how} --model M --threads 2` under the bench lock: `COLIBRI_LAB_SMALL=0`, model and threads "
+                   f"in the parameter cell's environment variables)")
+    else:
+        out.append(f"- command: {how}")
     simd = "/".join(p["simd"]) or "?"
     threads = "/".join(map(str, p["n_threads"])) or "?"
-    out.append(f"- machine: {p['cpu']}, {(m.get('machine') or {}).get('n_cpus', '?')} CPUs (shared with other "
-               f"jobs), SIMD path `{simd}`, n_threads={threads}")
+    out.append(f"- machine: {p['cpu']}, {(m.get('machine') or {}).get('n_cpus', '?')} CPUs, "
+               f"SIMD path `{simd}`, n_threads={threads}")
     out.append(f"- commit: `{git.get('commit', '?')}`" + (" + uncommitted changes" if git.get("dirty") else "")
                + f"; date {m.get('date', '?')}")
     for k in ("before", "after"):
@@ -111,19 +175,19 @@ def section(path: Path) -> str:
     if (path / "figure.png").is_file():
         out.append(f"- figure: `{rel}/figure.png`")
     out.append("")
+    out.append(md_table(_table(res, name)))
     if m.get("serving"):
-        t = serve_table(res)
-        out.append(md_table(t[[c for c in SERVE_COLS if c in t.columns]]))
-        servers = {v: e for v, e in (m.get("engines") or {}).items()}
-        kinds = {}
-        for e in servers.values():
-            kinds.setdefault(e.get("kind"), e)
+        server_of = res.requests.groupby("variant")["server"].first().to_dict()
+        labels = {}
+        for v, e in (m.get("engines") or {}).items():
+            labels.setdefault(server_of.get(v, e.get("kind")), e)
         out.append("")
-        for k, e in kinds.items():
+        for k, e in labels.items():
             out.append(f"- server `{k}`: {e.get('version', '')}; `{' '.join(e.get('cmd', []))}`")
-    else:
-        t = summary_table(res)
-        out.append(md_table(t.drop(columns=[c for c in ("model", "commit") if c in t.columns])))
+    if res.numerics is not None and len(res.numerics):
+        from colibri_lab.experiments import numerics_table
+
+        out += ["", "Numerics pass (`numerics_table`):", "", md_table(numerics_table(res))]
     if path.name in NOTES:
         out += ["", f"Note: {NOTES[path.name]}"]
     claims = m.get("claims")
@@ -137,15 +201,21 @@ def section(path: Path) -> str:
 
 HEAD = """# Workbench results
 
-Full-size runs of the experiment-family notebooks, one section per saved run (the latest of
-each experiment and model under `experiments/results/`). This page is generated by
-`python scripts/workbench_results.py` from the saved runs: provenance, tables and claims all
-come from each run's `meta.json` and tables, none is typed by hand. Every timing is a median
-over requests or a paired ratio (variant / baseline, same prompt, repeat and seed) with a
-seeded 95 % bootstrap interval; a variant *wins* only when the whole interval is on the good
-side of 1. The machine is a small VM (2 vCPUs) shared with other jobs during these runs (see
-each run's load average): absolute times are only indicative; the ratios and their intervals
-are the result. Load the raw tables with `colibri_lab.experiments.load_results(path)`.
+Full-size runs of the experiment families, one part per experiment: first a table with a
+column per model (SmolLM2-135M and qwen2.5-coder-1.5b side by side, each run cited by path),
+then one section per saved run (the latest of each experiment and model under
+`experiments/results/`). This page is generated by `python scripts/workbench_results.py`
+from the saved runs: provenance, tables and claims all come from each run's `meta.json` and
+tables, none is typed by hand; the claims are the ones the run's notebook computed and
+checked (`colibri_lab/experiments/verdicts.py`). Every timing is a median over requests or a
+paired ratio (variant / baseline, same prompt, repeat and seed) with a seeded 95 % bootstrap
+interval; a variant *wins* only when the whole interval is on the good side of 1. The
+machine is a small VM (2 vCPUs, AMD EPYC Zen 4); runs from 2026-12-02 on were made under the
+bench lock (no other benchmark at the same time; other developers' builds and tests ran at
+nice 19), earlier ones on a machine shared with other jobs: the load average before and after
+is in each section. Sizes are the specs' full sizes (`experiments/<name>.toml`, without their
+`[small]` table) unless a section says otherwise. Load the raw tables with
+`colibri_lab.experiments.load_results(path)`.
 """
 
 
@@ -159,7 +229,13 @@ def main(argv=None) -> int:
     if a.section:
         print(section(Path(a.section).resolve()))
         return 0
-    parts = [HEAD] + [section(p) for p in latest_runs(Path(a.root).resolve())]
+    runs = latest_runs(Path(a.root).resolve())
+    parts = [HEAD]
+    for name in dict.fromkeys(r.parent.name for r in runs):   # one part per experiment, every model in it
+        mine = [r for r in runs if r.parent.name == name]
+        title = TITLES.get(name, (name, ""))[0]
+        parts.append(f"## {title}\n\n" + side_by_side(name, mine))
+        parts += [section(r, level="###") for r in mine]
     Path(a.out).write_text("\n".join(parts))
     print(f"wrote {a.out} ({len(parts) - 1} runs)")
     return 0

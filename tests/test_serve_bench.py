@@ -21,7 +21,7 @@ def serving_spec(model_path, **over):
     d = {"name": "serve_test", "workload": {"name": "multi_turn", "n": 2, "turns": 2}, "repeats": 1, "warmup": 1,
          "seed": 3, "engine": {"model": model_path, "n_threads": 2, "n_ctx": 1024, "n_slots": 2},
          "request": {"max_tokens": 8, "temperature": 0.0},
-         "serve": {"kind": "colibri", "model_id": "smollm2", "slo": "ttft:5000 tpot:1000"},
+         "serve": {"kind": "colibri", "model_id": "smollm2", "slo": "ttft:5000 tpot:1000", "args": ["--chunk", "3"]},
          "variants": [{"name": "rate=4", "arrival": {"rate": 4.0}}, {"name": "rate=8", "arrival": {"rate": 8.0}}]}
     d.update(over)
     return spec_from_dict(d, small=False)
@@ -90,6 +90,7 @@ def test_results_round_trip_with_provenance(served, smollm2_path):
     assert eng["kind"] == "colibri" and eng["model_sha256"] == file_sha256(smollm2_path)
     assert eng["params"]["n_threads"] == 2 and eng["params"]["simd"] in ("scalar", "avx2", "avx512")
     assert "--threads" in eng["cmd"] and eng["version"]
+    assert eng["params"]["n_chunk"] == 3 and eng["params"]["args"] == ["--chunk", "3"]   # serve.args reach the engine
     assert len(m["git"]["commit"]) in (0, 40) and isinstance(m["git"]["dirty"], bool)
     assert m["load"]["before"]["loadavg"] and m["load"]["after"]["uptime"] is not None
     assert {"numpy", "pandas", "python"} <= set(m["versions"])

@@ -142,10 +142,11 @@ def test_cli_options_shared():
     serve.add_arguments(ap)
     a = ap.parse_args(["--model", "x.gguf", "--port", "0", "--cors-origin", "https://a", "--cors-origin",
                        "https://b", "--allowed-host", "h", "--slots", "2", "--ctx", "512", "--threads", "1",
-                       "--max-queue", "3", "--model-id", "mine", "--api-key", "k"])
+                       "--max-queue", "3", "--model-id", "mine", "--api-key", "k", "--chunk", "4"])
     assert a.cors_origin == ["https://a", "https://b"] and a.allowed_host == ["h"]
     assert (a.slots, a.ctx, a.threads, a.max_queue, a.model_id, a.api_key, a.host) == (2, 512, 1, 3, "mine", "k",
                                                                                       "127.0.0.1")
+    assert a.chunk == 4 and ap.parse_args([]).chunk == 0
 
 
 def test_error_shapes():
