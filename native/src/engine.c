@@ -857,69 +857,86 @@ int cb_engine_spec_stats(const cb_engine *e, int source, cb_spec_stats *out) {
     return CB_OK;
 }
 
-int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
-    if (!e || (max_events > 0 && !events)) return CB_ERR_ARG;
-    /* the caller catches up first: computing now would overwrite the
-     * logits and score rows that queued events point to */
-    if (e->ev_count > 0) return drain(e, events, max_events);
-    double t0 = now_ms();
-    cb_ctx *c = &e->ctx;
-    double m0 = c->t_matmul, a0 = c->t_attention, h0 = c->t_lm_head;
-    double n0 = c->t_norm, r0 = c->t_rope, w0 = cb_pool_wait_ms(e->pool);
-    double mt0[CB_N_TYPES];
-    memcpy(mt0, c->t_matmul_type, sizeof mt0);
-    const int64_t xu0 = c->n_expert_runs, xr0 = c->n_expert_routed;  /* MoE step stats */
-    e->step_grammar_ms = 0;
+/* ------------------------------------------------------------- the step
+ *
+ * cb_engine_step runs the phases below in order; each is one function.  A
+ * step's rows are counted in a step_rows as the batch is built. */
 
-    /* 1. cancellations */
+typedef struct {
+    int n;             /* batch rows */
+    int n_logit;       /* logits rows */
+    int rows_decode;   /* decode rows (with their drafts) */
+    int rows_prefill;  /* prompt rows */
+} step_rows;
+
+/* The context's running counters when the step began: the step's profile is
+ * their differences at its end. */
+typedef struct {
+    double t0, matmul, attention, lm_head, norm, rope, wait;
+    double matmul_type[CB_N_TYPES];
+    int64_t expert_runs, expert_routed;  /* MoE step stats */
+} step_mark;
+
+static void mark_step(cb_engine *e, step_mark *m) {
+    cb_ctx *c = &e->ctx;
+    m->t0 = now_ms();
+    m->matmul = c->t_matmul, m->attention = c->t_attention, m->lm_head = c->t_lm_head;
+    m->norm = c->t_norm, m->rope = c->t_rope, m->wait = cb_pool_wait_ms(e->pool);
+    memcpy(m->matmul_type, c->t_matmul_type, sizeof m->matmul_type);
+    m->expert_runs = c->n_expert_runs, m->expert_routed = c->n_expert_routed;
+}
+
+/* 1. cancellations */
+static void finish_cancelled(cb_engine *e) {
     for (int i = 0; i < CB_MAX_REQUESTS; i++)
         if (e->reqs[i].state != RQ_FREE && e->reqs[i].cancelled) finish(e, i, CB_FINISH_CANCELLED, -1);
-    /* 2. admission */
-    admit(e);
-    /* 3. batch: decode rows (each with its drafts) first, then prefill
-     *    chunks, in admission order */
-    int n = 0, n_logit = 0, rows_decode = 0, rows_prefill = 0, n_decoding = 0, n_prefilling = 0;
-    for (int k = 0; k < e->n_order; k++) {
-        n_decoding += e->reqs[e->order[k]].state == RQ_DECODE;
-        n_prefilling += e->reqs[e->order[k]].state == RQ_PREFILL;
-    }
+}
+
+/* 3a. drafts for the decoding requests, within the rows the step has left */
+static void plan_drafts(cb_engine *e, int n_decoding, int n_prefilling) {
     e->step_draft_ms = 0;
-    {
-        /* drafts leave a logits row for each prefilling request, so that a
-         * prompt's last row (and a scored chunk) always finds room */
-        int room = e->ctx.n_logits - n_decoding - n_prefilling;
-        if (room > e->params.n_batch - n_decoding) room = e->params.n_batch - n_decoding;
-        for (int k = 0; k < e->n_order; k++) e->reqs[e->order[k]].draft_src = 0;
-        if (room > 0) make_drafts(e, n_decoding, room);
-    }
+    /* drafts leave a logits row for each prefilling request, so that a
+     * prompt's last row (and a scored chunk) always finds room */
+    int room = e->ctx.n_logits - n_decoding - n_prefilling;
+    if (room > e->params.n_batch - n_decoding) room = e->params.n_batch - n_decoding;
+    for (int k = 0; k < e->n_order; k++) e->reqs[e->order[k]].draft_src = 0;
+    if (room > 0) make_drafts(e, n_decoding, room);
+}
+
+/* 3b. a decode row for every running request, each followed by its drafts */
+static void batch_decode_rows(cb_engine *e, step_rows *s) {
     for (int k = 0; k < e->n_order; k++) {
         cb_request *r = &e->reqs[e->order[k]];
         if (r->state != RQ_DECODE) continue;
         cb_slot *sl = &e->slots[r->slot];
         r->base_pos = sl->n_past;
-        r->lrow0 = n_logit;
+        r->lrow0 = s->n_logit;
         for (int j = 0; j <= r->n_draft; j++) {
             int32_t tok = j == 0 ? r->pending : r->draft[j - 1];
             sl->tokens[r->base_pos + j] = tok;
-            e->b_tokens[n] = tok;
-            e->b_pos[n] = r->base_pos + j;
-            e->b_slot[n] = r->slot;
-            e->logit_req[n_logit] = e->order[k];
-            e->b_logit[n++] = n_logit++;
-            rows_decode++;
+            e->b_tokens[s->n] = tok;
+            e->b_pos[s->n] = r->base_pos + j;
+            e->b_slot[s->n] = r->slot;
+            e->logit_req[s->n_logit] = e->order[k];
+            e->b_logit[s->n++] = s->n_logit++;
+            s->rows_decode++;
         }
     }
+}
+
+/* 3c. prefill chunks, in admission order, while the batch has room */
+static void batch_prefill_chunks(cb_engine *e, step_rows *s, int n_prefilling) {
     int later = n_prefilling;  /* prefilling requests from here on, each may need a row for its last token */
-    for (int k = 0; k < e->n_order && n < e->params.n_batch; k++) {
+    for (int k = 0; k < e->n_order && s->n < e->params.n_batch; k++) {
         int idx = e->order[k];
         cb_request *r = &e->reqs[idx];
         if (r->state != RQ_PREFILL) continue;
         later--;
         int left = r->n_prompt - r->n_prompt_done;
         int chunk = left < e->params.n_chunk ? left : e->params.n_chunk;
-        if (chunk > e->params.n_batch - n) chunk = e->params.n_batch - n;
+        if (chunk > e->params.n_batch - s->n) chunk = e->params.n_batch - s->n;
         cb_slot *sl = &e->slots[r->slot];
-        r->score_lr0 = n_logit;
+        r->score_lr0 = s->n_logit;
         r->score_n = 0;
         r->score_pos = r->n_prompt_done;
         int j = 0;
@@ -930,55 +947,65 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             /* no logits row left: the rest waits a step (scored rows leave
              * one for each later prefill, so a long score cannot hold back
              * another prompt's last token) */
-            if (wants && n_logit >= e->ctx.n_logits - (last ? 0 : later)) break;
+            if (wants && s->n_logit >= e->ctx.n_logits - (last ? 0 : later)) break;
             sl->tokens[pos] = r->prompt[pos];
-            e->b_tokens[n] = r->prompt[pos];
-            e->b_pos[n] = pos;
-            e->b_slot[n] = r->slot;
-            e->b_logit[n] = -1;
+            e->b_tokens[s->n] = r->prompt[pos];
+            e->b_pos[s->n] = pos;
+            e->b_slot[s->n] = r->slot;
+            e->b_logit[s->n] = -1;
             if (wants) {
-                e->logit_req[n_logit] = last ? idx : -1;  /* scored rows are not sampled */
+                e->logit_req[s->n_logit] = last ? idx : -1;  /* scored rows are not sampled */
                 if (!last) {
-                    e->score_target[n_logit] = r->prompt[pos + 1];
+                    e->score_target[s->n_logit] = r->prompt[pos + 1];
                     r->score_n++;
                 }
-                e->b_logit[n] = n_logit++;
+                e->b_logit[s->n] = s->n_logit++;
             }
-            n++;
+            s->n++;
         }
-        rows_prefill += j;
+        s->rows_prefill += j;
     }
-    /* 4. forward */
+}
+
+/* MoE: attribute each row's routed experts to its request */
+static void attribute_experts(cb_engine *e, int n) {
+    cb_ctx *c = &e->ctx;
+    int n_layer = e->model->info.n_layer;
+    int32_t sel[64];
+    for (int i = 0; i < n; i++) {
+        cb_request *r = NULL;
+        int ri = e->slots[e->b_slot[i]].req;
+        if (ri >= 0) r = &e->reqs[ri];
+        if (!r || !r->expert_seen) continue;
+        for (int l = 0; l < n_layer; l++) {
+            int k = cb_ctx_row_experts(c, i, l, sel);
+            for (int j = 0; j < k && j < 64; j++) {
+                size_t bit = (size_t)l * c->n_expert + (size_t)sel[j];
+                r->expert_seen[bit / 64] |= 1ull << (bit % 64);
+            }
+            if (k > 0) r->experts_routed += k;
+        }
+    }
+}
+
+/* 4. one forward over the batch; the slots then hold KV for its rows */
+static void run_forward(cb_engine *e, int n) {
+    cb_ctx *c = &e->ctx;
     if (n > 0) {
         cb_batch b = { n, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
         c->trace_step = e->n_steps;
         cb_forward(c, &b);
     }
-    /* MoE: attribute each row's routed experts to its request */
-    if (n > 0 && c->n_expert > 0) {
-        int n_layer = e->model->info.n_layer;
-        int32_t sel[64];
-        for (int i = 0; i < n; i++) {
-            cb_request *r = NULL;
-            int ri = e->slots[e->b_slot[i]].req;
-            if (ri >= 0) r = &e->reqs[ri];
-            if (!r || !r->expert_seen) continue;
-            for (int l = 0; l < n_layer; l++) {
-                int k = cb_ctx_row_experts(c, i, l, sel);
-                for (int j = 0; j < k && j < 64; j++) {
-                    size_t bit = (size_t)l * c->n_expert + (size_t)sel[j];
-                    r->expert_seen[bit / 64] |= 1ull << (bit % 64);
-                }
-                if (k > 0) r->experts_routed += k;
-            }
-        }
-    }
+    if (n > 0 && c->n_expert > 0) attribute_experts(e, n);
     /* slots now hold KV for the rows just computed */
     for (int i = 0; i < n; i++) {
         cb_slot *sl = &e->slots[e->b_slot[i]];
         if (e->b_pos[i] + 1 > sl->n_past) sl->n_past = e->b_pos[i] + 1;
     }
-    double ts = now_ms();
+}
+
+/* prompts' progress; `ts` is when a prompt that ended in this step was prefilled */
+static void advance_prefills(cb_engine *e, double ts) {
     for (int k = 0; k < e->n_order; k++) {
         cb_request *r = &e->reqs[e->order[k]];
         if (r->state == RQ_PREFILL) {
@@ -986,8 +1013,12 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             if (r->n_prompt_done >= r->n_prompt) r->t_prefill_done = ts;
         }
     }
-    /* scored prompt rows: one SCORE event per scoring request, before its
-     *    first token (a request whose prompt ends in this step samples next) */
+}
+
+/* scored prompt rows: one SCORE event per scoring request, before its
+ * first token (a request whose prompt ends in this step samples next) */
+static void emit_scores(cb_engine *e) {
+    cb_ctx *c = &e->ctx;
     for (int k = 0; k < e->n_order; k++) {
         cb_request *r = &e->reqs[e->order[k]];
         if (r->state != RQ_PREFILL || !r->score || r->score_n == 0) continue;
@@ -1008,43 +1039,56 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
         ev->score.logits = r->return_logits ? rows : NULL;
         r->score_n = 0;
     }
-    /* 5. sample, in logits-row order.  A decode row followed by drafts is
-     *    verified: sample row j with the KV of the pending token and drafts
-     *    before it; keep going while what was sampled equals the next draft. */
+}
+
+/* A decode row followed by drafts, from logits row `lr`: sample row j with the
+ * KV of the pending token and drafts before it; keep going while what was
+ * sampled equals the next draft.  Returns the logits rows it covered. */
+static int verify_drafts(cb_engine *e, int idx, int lr) {
+    cb_request *r = &e->reqs[idx];
+    int n_draft = r->n_draft, src = r->draft_src, base = r->base_pos, acc = 0, r_cls = r->draft_cls;
+    cb_slot *sl = &e->slots[r->slot];
+    cb_request_metrics *sm = &r->spec_m;
+    int32_t draft[CB_SPEC_MAX_K];
+    memcpy(draft, r->draft, sizeof draft);  /* r is released if the request ends mid-way */
+    if (n_draft > 0) {  /* counted before sampling so a request that ends here reports them */
+        sm->draft_n += n_draft;
+        sm->draft_n_source[src] += n_draft;
+        sm->draft_steps++;
+    }
+    for (int j = 0; j <= n_draft; j++) {
+        sl->n_past = base + j + 1;  /* KV through row j is the sequence so far */
+        if (j < n_draft) sm->draft_n_pos[j]++;
+        int tok = sample_row(e, idx, lr + j);
+        if (tok < 0 || j == n_draft || tok != draft[j]) break;
+        /* the token just emitted was a draft that verified: flag its event */
+        e->events[(e->ev_head + e->ev_count - 1) % e->ev_cap].drafted = 1;
+        acc++;
+        sm->draft_accepted++;
+        sm->draft_accepted_source[src]++;
+        sm->draft_accepted_pos[j]++;
+    }
+    if (n_draft > 0) {
+        cb_spec_policy_record_class(&e->policy, src, r_cls, n_draft, acc);
+        if (r->state != RQ_FREE) cb_spec_req_record(&r->sq, src, n_draft, acc);  /* still running */
+    }
+    return n_draft + 1;
+}
+
+/* 5. sample, in logits-row order (a prompt's last row, or a decode row and
+ *    its drafts) */
+static void sample_rows(cb_engine *e, int n_logit) {
     for (int lr = 0; lr < n_logit;) {
         int idx = e->logit_req[lr];
         if (idx < 0) { lr++; continue; }  /* a scored prompt row */
         cb_request *r = &e->reqs[idx];
         if (r->state != RQ_DECODE) { sample_row(e, idx, lr); lr++; continue; }
-        int n_draft = r->n_draft, src = r->draft_src, base = r->base_pos, acc = 0, r_cls = r->draft_cls;
-        cb_slot *sl = &e->slots[r->slot];
-        cb_request_metrics *sm = &r->spec_m;
-        int32_t draft[CB_SPEC_MAX_K];
-        memcpy(draft, r->draft, sizeof draft);  /* r is released if the request ends mid-way */
-        if (n_draft > 0) {  /* counted before sampling so a request that ends here reports them */
-            sm->draft_n += n_draft;
-            sm->draft_n_source[src] += n_draft;
-            sm->draft_steps++;
-        }
-        for (int j = 0; j <= n_draft; j++) {
-            sl->n_past = base + j + 1;  /* KV through row j is the sequence so far */
-            if (j < n_draft) sm->draft_n_pos[j]++;
-            int tok = sample_row(e, idx, lr + j);
-            if (tok < 0 || j == n_draft || tok != draft[j]) break;
-            /* the token just emitted was a draft that verified: flag its event */
-            e->events[(e->ev_head + e->ev_count - 1) % e->ev_cap].drafted = 1;
-            acc++;
-            sm->draft_accepted++;
-            sm->draft_accepted_source[src]++;
-            sm->draft_accepted_pos[j]++;
-        }
-        if (n_draft > 0) {
-            cb_spec_policy_record_class(&e->policy, src, r_cls, n_draft, acc);
-            if (r->state != RQ_FREE) cb_spec_req_record(&r->sq, src, n_draft, acc);  /* still running */
-        }
-        lr += n_draft + 1;
+        lr += verify_drafts(e, idx, lr);
     }
-    /* prefill-only requests (max_tokens == 0) finish once their prompt is in */
+}
+
+/* prefill-only requests (max_tokens == 0) finish once their prompt is in */
+static void finish_prefill_only(cb_engine *e) {
     for (int k = 0; k < e->n_order; k++) {
         int idx = e->order[k];
         cb_request *r = &e->reqs[idx];
@@ -1053,29 +1097,67 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
             k--;
         }
     }
-    double t1 = now_ms();
-    /* the policy weighs what a verify row costs: forward and sampling */
-    if (n > 0) cb_spec_policy_step(&e->policy, n, t1 - t0 - e->step_draft_ms);
+}
+
+/* The step's profile: its phases partition step_ms.  Sampling (with the
+ * grammar masks) ran from `ts` to `t1`; drafting, admission, the batch and
+ * the forward before `ts`. */
+static void record_step(cb_engine *e, const step_mark *m, const step_rows *s, double ts, double t1) {
+    cb_ctx *c = &e->ctx;
     cb_step_stats *S = &e->last;
     S->step = e->n_steps++;
-    S->rows_decode = rows_decode;
-    S->rows_prefill = rows_prefill;
+    S->rows_decode = s->rows_decode;
+    S->rows_prefill = s->rows_prefill;
     S->n_running = e->n_order;
-    S->step_ms = t1 - t0;
-    S->matmul_ms = c->t_matmul - m0;
-    S->attention_ms = c->t_attention - a0;
-    S->lm_head_ms = c->t_lm_head - h0;
+    S->step_ms = t1 - m->t0;
+    S->matmul_ms = c->t_matmul - m->matmul;
+    S->attention_ms = c->t_attention - m->attention;
+    S->lm_head_ms = c->t_lm_head - m->lm_head;
     S->sampling_ms = t1 - ts - e->step_grammar_ms;
     S->grammar_ms = e->step_grammar_ms;
     S->draft_ms = e->step_draft_ms;
     /* the remainder, so the seven phases partition step_ms (drafting ran before ts) */
-    S->other_ms = (ts - t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms - S->draft_ms;
-    S->norm_ms = c->t_norm - n0;
-    S->rope_ms = c->t_rope - r0;
-    S->sync_ms = cb_pool_wait_ms(e->pool) - w0;
-    for (int ty = 0; ty < CB_N_TYPES; ty++) S->matmul_type_ms[ty] = c->t_matmul_type[ty] - mt0[ty];
-    S->experts_unique = c->n_expert_runs - xu0;
-    S->experts_routed = c->n_expert_routed - xr0;
+    S->other_ms = (ts - m->t0) - S->matmul_ms - S->attention_ms - S->lm_head_ms - S->draft_ms;
+    S->norm_ms = c->t_norm - m->norm;
+    S->rope_ms = c->t_rope - m->rope;
+    S->sync_ms = cb_pool_wait_ms(e->pool) - m->wait;
+    for (int ty = 0; ty < CB_N_TYPES; ty++) S->matmul_type_ms[ty] = c->t_matmul_type[ty] - m->matmul_type[ty];
+    S->experts_unique = c->n_expert_runs - m->expert_runs;
+    S->experts_routed = c->n_expert_routed - m->expert_routed;
+}
+
+int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
+    if (!e || (max_events > 0 && !events)) return CB_ERR_ARG;
+    /* the caller catches up first: computing now would overwrite the
+     * logits and score rows that queued events point to */
+    if (e->ev_count > 0) return drain(e, events, max_events);
+    step_mark m;
+    mark_step(e, &m);
+    e->step_grammar_ms = 0;
+
+    finish_cancelled(e);  /* 1 */
+    admit(e);             /* 2 */
+    /* 3. batch: decode rows (each with its drafts) first, then prefill
+     *    chunks, in admission order */
+    step_rows s = { 0, 0, 0, 0 };
+    int n_decoding = 0, n_prefilling = 0;
+    for (int k = 0; k < e->n_order; k++) {
+        n_decoding += e->reqs[e->order[k]].state == RQ_DECODE;
+        n_prefilling += e->reqs[e->order[k]].state == RQ_PREFILL;
+    }
+    plan_drafts(e, n_decoding, n_prefilling);
+    batch_decode_rows(e, &s);
+    batch_prefill_chunks(e, &s, n_prefilling);
+    run_forward(e, s.n);  /* 4 */
+    double ts = now_ms();
+    advance_prefills(e, ts);
+    emit_scores(e);
+    sample_rows(e, s.n_logit);  /* 5 */
+    finish_prefill_only(e);
+    double t1 = now_ms();
+    /* the policy weighs what a verify row costs: forward and sampling */
+    if (s.n > 0) cb_spec_policy_step(&e->policy, s.n, t1 - m.t0 - e->step_draft_ms);
+    record_step(e, &m, &s, ts, t1);
     return drain(e, events, max_events);
 }
 
