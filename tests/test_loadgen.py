@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -18,6 +21,8 @@ import pytest
 from colibri_lab.experiments import loadgen, servers
 from colibri_lab.experiments.serve_bench import max_rate_meeting, percentile_ratio
 from colibri_lab.experiments.workloads import Arrival
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------- schedules
@@ -327,3 +332,21 @@ def test_request_timeout_and_block_deadline_bound_the_time(scripted):
     assert len(blk.rows) == 3 and all(r["error"].startswith("not sent") for r in blk.rows)
     assert loadgen.sustained(blk.rows) == (False, 0.0)
     assert loadgen.summary(blk.rows, blk.gaps, blk.duration_s)["failed"] == 3
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroup scheduling on this kernel")
+def test_share_scheduling_group_gives_a_new_session_this_groups_weight():
+    """A child in a session of its own gets the weight of its parent's scheduling group (nice 5 here:
+    raising a group's nice needs no privilege), not the default nice 0 of a new session."""
+    code = ("import subprocess, sys, pathlib\n"
+            "pathlib.Path('/proc/self/autogroup').write_text('5')\n"
+            "from colibri_lab.experiments.servers import share_scheduling_group\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True)\n"
+            "before = pathlib.Path(f'/proc/{c.pid}/autogroup').read_text().split()[-1]\n"
+            "ok = share_scheduling_group(c.pid)\n"
+            "after = pathlib.Path(f'/proc/{c.pid}/autogroup').read_text().split()[-1]\n"
+            "c.kill(); print(before, ok, after)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         start_new_session=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "True", "5"]

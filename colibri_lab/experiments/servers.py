@@ -142,6 +142,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def share_scheduling_group(pid: int) -> bool:
+    """Give process `pid` the CPU weight of this process's scheduling group.
+
+    With autogroup scheduling (Linux, /proc/sys/kernel/sched_autogroup_enabled)
+    every session is a group weighed like any other, whatever its processes'
+    nice values; a child started in a session of its own (a server here, a
+    Jupyter kernel) is then a group at nice 0 even when this one was given
+    more weight (`echo -15 > /proc/self/autogroup` in a benchmark's session), and
+    another session's nice-19 build takes a core from its threads.  Returns
+    whether the weight was set (False where there is no autogroup)."""
+    try:
+        mine = Path("/proc/self/autogroup").read_text().split()
+        nice = int(mine[mine.index("nice") + 1])
+        Path(f"/proc/{int(pid)}/autogroup").write_text(str(nice))
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def _spawn(srv: ServerProcess, env: dict | None = None) -> None:
     fd, srv.log_path = tempfile.mkstemp(prefix=f"colibri-{srv.kind}-server-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
@@ -149,6 +168,7 @@ def _spawn(srv: ServerProcess, env: dict | None = None) -> None:
         srv.proc = subprocess.Popen(srv.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True,
                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    share_scheduling_group(srv.proc.pid)   # its own session, this one's CPU weight
 
 
 def _package_env() -> dict:
