@@ -109,7 +109,7 @@ def _claims_count(m: dict) -> str:
     ok = sum(c["holds"] is True for c in claims)
     bad = sum(c["holds"] is False for c in claims)
     rest = len(claims) - ok - bad
-    return f"{ok} of {len(claims)} claims hold" + (f", {bad} do not" if bad else "") + (f", {rest} not tested"
+    return f"{ok} of {len(claims)} claims hold" + (f", {bad} {'does' if bad == 1 else 'do'} not" if bad else "") + (f", {rest} not tested"
                                                                                         if rest else "")
 
 
