@@ -723,17 +723,126 @@ static cb_drafter *drafter_of(cb_engine *e, int bit) {
     return NULL;
 }
 
-/* Choose drafts for every decoding request with speculation on.  Adaptive:
- * every enabled source is priced for this request (expected tokens per unit
- * of measured step time, spec.c) and the best one that pays drafts; a
- * grammar-forced span is taken whenever there is one (it is what the mask
- * will allow anyway).  Not adaptive: the first source in priority order that
- * proposes something.  Drafter sources are batched: one drafting pass per
- * drafter for all requests using it.  `room` bounds the extra rows (batch
- * and logits capacity). */
-static void make_drafts(cb_engine *e, int base_rows, int room) {
+/* Choose the draft of one decoding request with speculation on, within
+ * `room` extra rows.  Adaptive: every enabled source is priced for this
+ * request (expected tokens per unit of measured step time, spec.c) and the
+ * best one that pays drafts; a grammar-forced span is taken whenever there is
+ * one (it is what the mask will allow anyway).  Not adaptive: the first
+ * source in priority order that proposes something.  A grammar or lookup
+ * draft is made here (returns its rows); a drafter's is queued for the
+ * batched pass (pending_drafter counts its requests). */
+static int choose_draft(cb_engine *e, cb_request *r, int base_rows, int room, int *pending_drafter) {
     static const int order[CB_SPEC_N_SOURCES] = { CB_SPEC_GRAMMAR, CB_SPEC_LOOKUP, CB_SPEC_DRAFT, CB_SPEC_XDRAFT,
                                                   CB_SPEC_LAYERSKIP };
+    cb_slot *sl = &e->slots[r->slot];
+    /* drafts are useless past max_tokens and impossible past the context */
+    int cap = r->max_tokens - r->n_gen - 1;
+    if (cap > e->params.n_ctx - sl->n_past - 1) cap = e->params.n_ctx - sl->n_past - 1;
+    if (cap > room) cap = room;
+    if (cap > CB_SPEC_MAX_K) cap = CB_SPEC_MAX_K;
+    if (cap <= 0) return 0;
+    sl->tokens[sl->n_past] = r->pending;  /* history: the slot's tokens plus the pending one */
+    int32_t ldraft[CB_SPEC_MAX_K];
+    int best = -1, best_k = 0, best_cls = 0;
+    double best_g = 1.0;
+    for (int i = 0; i < CB_SPEC_N_SOURCES; i++) {
+        int src = order[i];
+        if (!(r->spec.sources & src)) continue;
+        int bit = cb_spec_bit(src), k = 0, cls = 0;
+        double g = 0, t = now_ms();
+        if (src == CB_SPEC_GRAMMAR) {
+            k = cb_spec_policy_k(&e->policy, bit, &r->spec, base_rows);
+            if (k > cap) k = cap;
+            if (k > 0 && r->matcher) k = grammar_draft(e, r, k, r->draft);
+            if (k <= 0) continue;
+            double dt = now_ms() - t;
+            e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * dt / k;
+            r->draft_ms += dt;
+            best = bit, best_k = k;
+            break;
+        } else if (src == CB_SPEC_LOOKUP) {
+            /* a lookup draft costs next to nothing: find it first, then
+             * price it by how long the match is (its acceptance class) */
+            int avail = r->spec.k_max < cap ? r->spec.k_max : cap, mlen = 0;
+            int got = cb_lookup_draft_ex(sl->tokens, sl->n_past + 1, r->spec.ngram_min, r->spec.ngram_max, avail,
+                                         ldraft, &mlen);
+            double dt = now_ms() - t;
+            r->draft_ms += dt;
+            if (got <= 0) continue;
+            e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * dt / got;
+            cls = cb_lookup_class(mlen);
+            k = cb_spec_policy_k_class(&e->policy, bit, cls, &r->spec, base_rows, got);
+            if (k > got) k = got;
+            g = e->policy.st[bit].expected_gain;
+            if (k > 0 && g < 1.0) g = 1.0 + 1e-9;  /* a probe: only when nothing else pays */
+        } else {
+            k = cb_spec_policy_plan(&e->policy, &r->sq, bit, &r->spec, base_rows, cap, &g);
+        }
+        if (k <= 0) continue;
+        if (!r->spec.adaptive) { best = bit, best_k = k, best_cls = cls; break; }
+        if (g > best_g) { best = bit, best_k = k, best_g = g, best_cls = cls; }
+    }
+    if (best < 0) return 0;
+    r->draft_cls = best_cls;
+    if (best == cb_spec_bit(CB_SPEC_GRAMMAR)) {
+        r->n_draft = best_k;
+        r->draft_src = best;
+        return best_k;
+    } else if (best == cb_spec_bit(CB_SPEC_LOOKUP)) {
+        memcpy(r->draft, ldraft, (size_t)best_k * sizeof(int32_t));
+        r->n_draft = best_k;
+        r->draft_src = best;
+        return best_k;
+    }
+    /* queue for the batched drafter pass */
+    r->draft_src = 0x100 | best;  /* marker: waiting for drafter `best` */
+    r->k_want = best_k;
+    pending_drafter[best]++;
+    return 0;
+}
+
+/* One drafting pass of drafter `b` for every request queued for it, within
+ * *room extra rows; its time is split over the requests by the tokens each got. */
+static void run_drafter(cb_engine *e, int b, int *room) {
+    cb_drafter *d = drafter_of(e, b);
+    int nj = 0;
+    for (int o = 0; o < e->n_order; o++) {
+        int idx = e->order[o];
+        cb_request *r = &e->reqs[idx];
+        if (r->state != RQ_DECODE || r->draft_src != (0x100 | b)) continue;
+        cb_slot *sl = &e->slots[r->slot];
+        int k = r->k_want < *room ? r->k_want : *room;
+        r->draft_src = b;
+        if (k <= 0) continue;
+        *room -= k;
+        cb_draft_job *J = &e->jobs[nj];
+        memset(J, 0, sizeof *J);
+        J->slot = r->slot;
+        J->hist = sl->tokens;
+        J->n_hist = sl->n_past + 1;
+        J->k = k;
+        J->out = r->draft;
+        e->job_req[nj++] = idx;
+    }
+    double t = now_ms();
+    if (b == cb_spec_bit(CB_SPEC_XDRAFT)) cb_xdrafter_draft(&e->xdraft, e->jobs, nj);
+    else cb_drafter_draft(d, e->jobs, nj);
+    int made = 0;
+    for (int j = 0; j < nj; j++) {
+        e->reqs[e->job_req[j]].n_draft = e->jobs[j].n_out;
+        made += e->jobs[j].n_out;
+    }
+    double total = now_ms() - t, spent = total - cb_drafter_last_catchup_ms(d);
+    for (int j = 0; j < nj; j++)  /* the pass's time, split by the tokens each request got */
+        e->reqs[e->job_req[j]].draft_ms += made > 0 ? total * e->jobs[j].n_out / made : total / nj;
+    if (made > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / made;
+    else if (nj > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / nj;
+}
+
+/* Drafts for every decoding request with speculation on (choose_draft), then
+ * one batched pass per drafter for all requests using it (run_drafter).
+ * `room` bounds the extra rows (batch and logits capacity). */
+static void make_drafts(cb_engine *e, int base_rows, int room) {
     int pending_drafter[CB_SPEC_N_SOURCES] = { 0 };
     double td = now_ms();
     for (int o = 0; o < e->n_order; o++) {
@@ -741,109 +850,10 @@ static void make_drafts(cb_engine *e, int base_rows, int room) {
         r->n_draft = 0;
         r->draft_cls = 0;
         if (r->state != RQ_DECODE || !r->spec.sources) continue;
-        cb_slot *sl = &e->slots[r->slot];
-        /* drafts are useless past max_tokens and impossible past the context */
-        int cap = r->max_tokens - r->n_gen - 1;
-        if (cap > e->params.n_ctx - sl->n_past - 1) cap = e->params.n_ctx - sl->n_past - 1;
-        if (cap > room) cap = room;
-        if (cap > CB_SPEC_MAX_K) cap = CB_SPEC_MAX_K;
-        if (cap <= 0) continue;
-        sl->tokens[sl->n_past] = r->pending;  /* history: the slot's tokens plus the pending one */
-        int32_t ldraft[CB_SPEC_MAX_K];
-        int best = -1, best_k = 0, best_cls = 0;
-        double best_g = 1.0;
-        for (int i = 0; i < CB_SPEC_N_SOURCES; i++) {
-            int src = order[i];
-            if (!(r->spec.sources & src)) continue;
-            int bit = cb_spec_bit(src), k = 0, cls = 0;
-            double g = 0, t = now_ms();
-            if (src == CB_SPEC_GRAMMAR) {
-                k = cb_spec_policy_k(&e->policy, bit, &r->spec, base_rows);
-                if (k > cap) k = cap;
-                if (k > 0 && r->matcher) k = grammar_draft(e, r, k, r->draft);
-                if (k <= 0) continue;
-                double dt = now_ms() - t;
-                e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * dt / k;
-                r->draft_ms += dt;
-                best = bit, best_k = k;
-                break;
-            } else if (src == CB_SPEC_LOOKUP) {
-                /* a lookup draft costs next to nothing: find it first, then
-                 * price it by how long the match is (its acceptance class) */
-                int avail = r->spec.k_max < cap ? r->spec.k_max : cap, mlen = 0;
-                int got = cb_lookup_draft_ex(sl->tokens, sl->n_past + 1, r->spec.ngram_min, r->spec.ngram_max, avail,
-                                             ldraft, &mlen);
-                double dt = now_ms() - t;
-                r->draft_ms += dt;
-                if (got <= 0) continue;
-                e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * dt / got;
-                cls = cb_lookup_class(mlen);
-                k = cb_spec_policy_k_class(&e->policy, bit, cls, &r->spec, base_rows, got);
-                if (k > got) k = got;
-                g = e->policy.st[bit].expected_gain;
-                if (k > 0 && g < 1.0) g = 1.0 + 1e-9;  /* a probe: only when nothing else pays */
-            } else {
-                k = cb_spec_policy_plan(&e->policy, &r->sq, bit, &r->spec, base_rows, cap, &g);
-            }
-            if (k <= 0) continue;
-            if (!r->spec.adaptive) { best = bit, best_k = k, best_cls = cls; break; }
-            if (g > best_g) { best = bit, best_k = k, best_g = g, best_cls = cls; }
-        }
-        if (best < 0) continue;
-        r->draft_cls = best_cls;
-        if (best == cb_spec_bit(CB_SPEC_GRAMMAR)) {
-            r->n_draft = best_k;
-            r->draft_src = best;
-            room -= best_k;
-        } else if (best == cb_spec_bit(CB_SPEC_LOOKUP)) {
-            memcpy(r->draft, ldraft, (size_t)best_k * sizeof(int32_t));
-            r->n_draft = best_k;
-            r->draft_src = best;
-            room -= best_k;
-        } else {
-            /* queue for the batched drafter pass below */
-            r->draft_src = 0x100 | best;  /* marker: waiting for drafter `best` */
-            r->k_want = best_k;
-            pending_drafter[best]++;
-        }
+        room -= choose_draft(e, r, base_rows, room, pending_drafter);
     }
-    /* batched drafter passes */
-    for (int b = 0; b < CB_SPEC_N_SOURCES; b++) {
-        if (!pending_drafter[b]) continue;
-        cb_drafter *d = drafter_of(e, b);
-        int nj = 0;
-        for (int o = 0; o < e->n_order; o++) {
-            int idx = e->order[o];
-            cb_request *r = &e->reqs[idx];
-            if (r->state != RQ_DECODE || r->draft_src != (0x100 | b)) continue;
-            cb_slot *sl = &e->slots[r->slot];
-            int k = r->k_want < room ? r->k_want : room;
-            r->draft_src = b;
-            if (k <= 0) continue;
-            room -= k;
-            cb_draft_job *J = &e->jobs[nj];
-            memset(J, 0, sizeof *J);
-            J->slot = r->slot;
-            J->hist = sl->tokens;
-            J->n_hist = sl->n_past + 1;
-            J->k = k;
-            J->out = r->draft;
-            e->job_req[nj++] = idx;
-        }
-        double t = now_ms();
-        if (b == cb_spec_bit(CB_SPEC_XDRAFT)) cb_xdrafter_draft(&e->xdraft, e->jobs, nj);
-        else cb_drafter_draft(d, e->jobs, nj);
-        int made = 0;
-        for (int j = 0; j < nj; j++) {
-            e->reqs[e->job_req[j]].n_draft = e->jobs[j].n_out;
-            made += e->jobs[j].n_out;
-        }
-        double total = now_ms() - t, spent = total - cb_drafter_last_catchup_ms(d);
-        for (int j = 0; j < nj; j++)  /* the pass's time, split by the tokens each request got */
-            e->reqs[e->job_req[j]].draft_ms += made > 0 ? total * e->jobs[j].n_out / made : total / nj;
-        if (made > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / made;
-        else if (nj > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / nj;
-    }
+    for (int b = 0; b < CB_SPEC_N_SOURCES; b++)
+        if (pending_drafter[b]) run_drafter(e, b, &room);
     e->step_draft_ms += now_ms() - td;
 }
 
