@@ -34,7 +34,8 @@ DIRECTION = {
 # A variant is numerically "equivalent" to the baseline when the perplexity
 # ratio's interval lies within 1 +- NUMERICS_PPL_TOL and the top-1 agreement's
 # interval above NUMERICS_AGREE_MIN: the bars two correct engines clear on the
-# same model file (ANCHORS.md: well under 1% apart, a few near-tied flips).
+# same model file (docs/bench/quality.md: llama.cpp against llama.cpp and ours
+# against llama.cpp are well under 1% apart in perplexity, with a few near-tied top-1 flips).
 NUMERICS_PPL_TOL = 0.01
 NUMERICS_AGREE_MIN = 0.97
 
