@@ -437,6 +437,21 @@ cdef class Model:
         return b"".join(parts)
 
 
+
+cdef extern from "grammar.h" nogil:
+    ctypedef struct cb_matcher_stats:
+        uint64_t mask_calls
+        uint64_t mask_cache_hits
+        uint64_t shared_hits
+        uint64_t trie_nodes
+        uint64_t transitions
+        uint64_t gcs
+        uint64_t budget_walks
+        uint64_t plain_masks
+        uint32_t n_states
+        uint32_t trie_size
+    void cb_matcher_get_stats(const cb_matcher *m, cb_matcher_stats *out)
+
 cdef class Grammar:
     """A GBNF grammar compiled against a model's vocabulary; reusable across requests."""
     cdef cb_grammar *ptr
@@ -531,6 +546,15 @@ cdef class Matcher:
     def min_completion(self):
         """Bytes in the shortest completion of the output so far (0 when accepting)."""
         return cb_matcher_min_completion(self.ptr)
+
+    def stats(self):
+        """The matcher's counters (cb_matcher_stats, grammar.h) as a dict: for tests and benchmarks."""
+        cdef cb_matcher_stats st
+        cb_matcher_get_stats(self.ptr, &st)
+        return dict(mask_calls=st.mask_calls, mask_cache_hits=st.mask_cache_hits, shared_hits=st.shared_hits,
+                    trie_nodes=st.trie_nodes, transitions=st.transitions, gcs=st.gcs,
+                    budget_walks=st.budget_walks, plain_masks=st.plain_masks, n_states=st.n_states,
+                    trie_size=st.trie_size)
 
     def forced_bytes(self, int cap=4096):
         cdef cnp.ndarray[cnp.uint8_t, ndim=1] buf = np.zeros(max(cap, 1), dtype=np.uint8)

@@ -140,32 +140,37 @@ out:
     return rc;
 }
 
-/* How each class meets P = [0x20, 0x10FFFF] minus '"', '\\', surrogates
- * (GP_ALL / GP_NONE / GP_PART): ranges are sorted and disjoint, so count the
- * code points of P each range covers. */
+/* How each class meets P = [0x20, 0x10FFFF] minus '"', '\\', surrogates:
+ * which of its ASCII code points it admits (cls_ascii), and whether it
+ * admits all, none or part of the rest (cls_high).  Ranges are sorted and
+ * disjoint, so count the code points of P above 0x7F each range covers. */
 static int classify_classes(cb_grammar *g) {
-    static const uint32_t P[4][2] = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0xD7FF}, {0xE000, G_MAX_CP}};
+    static const uint32_t PH[2][2] = {{0x80, 0xD7FF}, {0xE000, G_MAX_CP}};
     uint64_t p_size = 0;
-    for (int k = 0; k < 4; k++) p_size += P[k][1] - P[k][0] + 1;
-    g->cls_plain = malloc(g->n_cls ? g->n_cls : 1);
-    if (!g->cls_plain) return CB_ERR_NOMEM;
+    for (int k = 0; k < 2; k++) p_size += PH[k][1] - PH[k][0] + 1;
+    g->cls_ascii = calloc(2 * (size_t)(g->n_cls ? g->n_cls : 1), sizeof *g->cls_ascii);
+    g->cls_high = malloc(g->n_cls ? g->n_cls : 1);
+    if (!g->cls_ascii || !g->cls_high) return CB_ERR_NOMEM;
     for (uint32_t c = 0; c < g->n_cls; c++) {
-        uint64_t in = 0;
+        uint64_t in = 0, *a = g->cls_ascii + 2 * c;
         for (uint32_t r = g->cls_off[c]; r < g->cls_off[c + 1]; r++) {
             uint32_t lo = g->rng[2 * r], hi = g->rng[2 * r + 1];
-            for (int k = 0; k < 4; k++) {
-                uint32_t a = lo > P[k][0] ? lo : P[k][0], b = hi < P[k][1] ? hi : P[k][1];
-                if (a <= b) in += b - a + 1;
+            for (uint32_t x = lo; x <= hi && x < 0x80; x++) a[x >> 6] |= 1ull << (x & 63);
+            for (int k = 0; k < 2; k++) {
+                uint32_t u = lo > PH[k][0] ? lo : PH[k][0], v = hi < PH[k][1] ? hi : PH[k][1];
+                if (u <= v) in += v - u + 1;
             }
         }
-        g->cls_plain[c] = in == 0 ? GP_NONE : in == p_size ? GP_ALL : GP_PART;
+        a[0] &= G_P_ASCII[0];
+        a[1] &= G_P_ASCII[1];
+        g->cls_high[c] = in == 0 ? GP_NONE : in == p_size ? GP_ALL : GP_PART;
     }
     return CB_OK;
 }
 
 void cb_grammar_free(cb_grammar *g) {
     if (!g) return;
-    free(g->el); free(g->alt_off); free(g->alt_pos); free(g->rng); free(g->cls_off); free(g->cls_plain);
+    free(g->el); free(g->alt_off); free(g->alt_pos); free(g->rng); free(g->cls_off); free(g->cls_ascii); free(g->cls_high);
     free(g->rem);
     gvocab_free(g->own_v);
     if (g->sc.ready) pthread_mutex_destroy(&g->sc.lock);

@@ -75,7 +75,12 @@ typedef struct {
     uint32_t *tok_off;    /* [n_nodes + 1] tokens ending at node i: tok[tok_off[i]..tok_off[i+1]) */
     int32_t  *tok;        /* token ids in trie order */
     uint16_t *maxd;       /* [n_nodes] deepest depth in the node's subtree (itself included) */
+    uint64_t *sub;        /* [2 * n_nodes] or NULL: which ASCII code points the subtree's plain
+                           * tokens hold after their first code point (bit c of word c >> 6),
+                           * and bit 0 (G_SUB_HIGH): some hold one above 0x7F there */
 } gtrie;
+
+#define G_SUB_HIGH      1ull       /* gtrie.sub word 0, bit 0 (no ASCII code point of P is below 0x20) */
 
 /* The vocabulary as the matcher needs it.  Immutable once built; shared by
  * every grammar compiled against the same model (cb_model_gvocab).
@@ -86,7 +91,18 @@ typedef struct {
  * vocabulary is plain (145,034 of Qwen2.5's 151,936 tokens), and a state
  * whose every stack top either admits all of P or none of it steps the same
  * way on every code point of P: such tokens are allowed by length alone
- * (grammar_match.c), and only the `rest` trie needs a walk. */
+ * (grammar_match.c), and only the `rest` trie needs a walk.
+ *
+ * More generally a state steps the same way on every code point of an
+ * atom U of P, when its stack tops admit all of P above 0x7F or none of
+ * it: U = P minus a few ASCII code points (a string under a `pattern` such
+ * as [^/]+; an additional property's name, whose first character must not
+ * start a declared name), or U = ASCII code points only (an e-mail's local
+ * part, a [a-z0-9-]+ slug).  Then the plain tokens whose first code point
+ * is in U_1 and whose others are in U_rest are allowed by length
+ * (plain_first and plain_rest select them); the `rest` trie is walked, and
+ * the whole trie too, skipping every subtree whose plain tokens are all
+ * such (gtrie.sub). */
 typedef struct gvocab {
     int       n_vocab;
     uint8_t  *tok_bytes;  /* concatenated bytes */
@@ -102,7 +118,15 @@ typedef struct gvocab {
     uint32_t *plain_upto; /* [G_PLAIN_MAX * n_words] ... with 1..L code points */
     uint32_t  n_plain_len[G_PLAIN_MAX + 1]; /* [L] plain tokens with exactly L code points */
     uint32_t  n_plain;    /* plain tokens */
+    uint32_t *plain_first;/* [G_PROWS * n_words] plain tokens whose first code point is ASCII c, at (c - 0x20) * n_words;
+                           * row G_PROW_HIGH: ... is above 0x7F */
+    uint32_t *plain_rest; /* [G_PROWS * n_words] plain tokens holding ASCII c after their first code point; row
+                           * G_PROW_HIGH: holding one above 0x7F there */
+    uint32_t  n_first[97];/* [G_PROWS] tokens in each plain_first row */
 } gvocab;
+
+#define G_PROWS         97         /* code points 0x20..0x7F (the ASCII part of P; the '"' and '\\' rows stay empty) + "above 0x7F" */
+#define G_PROW_HIGH     96
 
 int  gvocab_build(const cb_vocab_view *v, gvocab **out, char *err, size_t err_len);
 void gvocab_free(gvocab *v);
@@ -111,7 +135,8 @@ int  cb_model_gvocab(const cb_model *model, const gvocab **out, char *err, size_
 
 /* ------------------------------------------------------------ grammar */
 
-/* How a terminal's code points meet P (see gvocab). */
+/* How a terminal's code points meet P (see gvocab): the ASCII part bit by
+ * bit, the rest (P above 0x7F) all, none or part of it. */
 enum { GP_NONE = 0, GP_ALL = 1, GP_PART = 2 };
 
 /* Shared mask cache: masks are a pure function of the parse state, so
@@ -144,7 +169,8 @@ struct cb_grammar {
     uint32_t *rng;        /* [2 * n_ranges] (lo, hi) inclusive code point ranges */
     uint32_t *cls_off;    /* [n_cls + 1] class c's ranges are rng pairs cls_off[c]..cls_off[c+1] */
     uint32_t  n_cls;
-    uint8_t  *cls_plain;  /* [n_cls] GP_*: how class c meets P */
+    uint64_t *cls_ascii;  /* [2 * n_cls] the ASCII code points of P class c admits (bit c of word c >> 6) */
+    uint8_t  *cls_high;   /* [n_cls] GP_*: how class c meets P above 0x7F */
     /* Shortest completions (bytes), from the min-length analysis
      * (compute_min_lengths): rem[p] = fewest bytes that finish the
      * alternative holding element p, starting at p (0 at its ALT/END;
@@ -168,13 +194,22 @@ static inline uint32_t mc_add(uint32_t a, uint32_t b) {
     return s >= G_MC_INF ? G_MC_INF : s;
 }
 
-/* How terminal e meets P. */
-static inline int term_plain(const cb_grammar *g, const gelem *e) {
+/* The ASCII code points of P (0x20..0x7F without '"' and '\\'), as a sub / E mask. */
+static const uint64_t G_P_ASCII[2] = { 0xFFFFFFFB00000000ull, 0xFFFFFFFFEFFFFFFFull };
+
+/* How terminal e meets P: the ASCII code points of P it admits into a,
+ * and how it meets P above 0x7F (GP_ALL, GP_NONE, GP_PART) as the result. */
+static inline int term_p(const cb_grammar *g, const gelem *e, uint64_t a[2]) {
     if (e->type == GE_CHAR) {
         uint32_t c = e->value;
-        return (c >= 0x20 && c != 0x22 && c != 0x5C && c <= G_MAX_CP && !(c >= 0xD800 && c <= 0xDFFF)) ? GP_PART : GP_NONE;
+        a[0] = a[1] = 0;
+        if (c >= 0x80) return GP_PART;  /* one code point above 0x7F: part of them */
+        a[c >> 6] = (1ull << (c & 63)) & G_P_ASCII[c >> 6];
+        return GP_NONE;
     }
-    return g->cls_plain[e->value];
+    a[0] = g->cls_ascii[2 * e->value];
+    a[1] = g->cls_ascii[2 * e->value + 1];
+    return g->cls_high[e->value];
 }
 
 #endif

@@ -72,6 +72,7 @@ struct cb_matcher {
     /* mask cache (LRU over state ids) */
     uint32_t  n_words;     /* mask words */
     uint32_t *mc_mask;     /* [M_MASK_CACHE * n_words] */
+    uint32_t *xbuf;        /* [n_words] plain_mask scratch */
     int32_t   mc_key[M_MASK_CACHE];   /* state id or -1 */
     int32_t   mc_count[M_MASK_CACHE]; /* allowed tokens */
     uint32_t  mc_budget[M_MASK_CACHE];/* budget the mask was computed for (G_MC_UNLIMITED = none) */
@@ -426,7 +427,7 @@ void cb_matcher_free(cb_matcher *m) {
     for (int i = 0; i < 2; i++) { free(m->pool[i].st); free(m->pool[i].arena); free(m->pool[i].mc); }
     free(m->ht); free(m->trans); free(m->remap);
     free(m->bw); free(m->bs_off); free(m->bs_len); free(m->vis); free(m->vis_gen); free(m->todo); free(m->res); free(m->out);
-    free(m->walk); free(m->mc_mask);
+    free(m->walk); free(m->mc_mask); free(m->xbuf);
     free(m);
 }
 
@@ -459,9 +460,10 @@ int cb_matcher_new(const cb_grammar *g, cb_matcher **out) {
     m->walk = malloc(((size_t)g->v->max_depth + 2) * sizeof *m->walk);
     m->n_words = ((uint32_t)g->n_vocab + 31) / 32;
     m->mc_mask = malloc((size_t)M_MASK_CACHE * (m->n_words ? m->n_words : 1) * sizeof *m->mc_mask);
+    m->xbuf = malloc((m->n_words ? m->n_words : 1) * sizeof *m->xbuf);
     if (!m->pool[0].st || !m->pool[0].arena || !m->pool[0].mc || !m->pool[1].st || !m->pool[1].arena || !m->pool[1].mc || !m->ht || !m->trans ||
         !m->remap || !m->bw || !m->bs_off || !m->bs_len || !m->vis || !m->vis_gen || !m->todo || !m->res || !m->out ||
-        !m->walk || !m->mc_mask) {
+        !m->walk || !m->mc_mask || !m->xbuf) {
         cb_matcher_free(m);
         return CB_ERR_NOMEM;
     }
@@ -582,14 +584,31 @@ static void shared_store(cb_matcher *m, const uint32_t *mask, int count, uint32_
     pthread_mutex_unlock(&g->sc.lock);
 }
 
+/* What plain_mask set by length, for the walk to skip (see plain_mask):
+ * the plain tokens whose first code point is in U_1 (first, first_high)
+ * and which hold nothing of rest_out (gtrie.sub bits) after it. */
+typedef struct {
+    int      on;
+    uint64_t first[2];
+    int      first_high;
+    uint64_t rest_out[2];
+} pskip;
+
 /* The mask walk: preorder over the trie, one cached transition per node,
- * a dead state skips the node's whole subtree.  With a budget (anything
- * below G_MC_UNLIMITED) a token is set only if its end state's shortest
- * completion is within the budget; since one byte lowers the shortest
- * completion by at most one, a node whose state needs more than budget +
- * (bytes still below it in the trie) skips its subtree too.  *maxmc gets
- * the largest shortest completion over the set tokens' end states. */
-static int walk_trie(cb_matcher *m, const gtrie *tr, uint32_t *mask, uint32_t budget, uint32_t *maxmc) {
+ * a dead state skips the node's whole subtree; with skip (from
+ * plain_mask), so does a subtree whose plain tokens plain_mask set by
+ * length (its other tokens are in the `rest` trie, walked too).  With a
+ * budget (anything below G_MC_UNLIMITED) a token is set only if its end
+ * state's shortest completion is within the budget; since one byte lowers
+ * the shortest completion by at most one, a node whose state needs more
+ * than budget + (bytes still below it in the trie) skips its subtree too.
+ * *maxmc gets the largest shortest completion over the set tokens' end
+ * states. */
+static int walk_trie(cb_matcher *m, const gtrie *tr, const pskip *skip, uint32_t *mask, uint32_t budget,
+                     uint32_t *maxmc) {
+    const uint64_t *sub = skip ? tr->sub : NULL;
+    const uint64_t s0 = skip ? skip->rest_out[0] : 0, s1 = skip ? skip->rest_out[1] : 0;
+    int first_ok = 0;  /* the plain tokens under the current depth-1 node start in U_1 */
     const uint8_t *byte = tr->byte;
     const uint16_t *depth = tr->depth, *maxd = tr->maxd;
     const uint32_t *end = tr->end, *toff = tr->tok_off;
@@ -604,6 +623,14 @@ static int walk_trie(cb_matcher *m, const gtrie *tr, uint32_t *mask, uint32_t bu
     while (i < n) {
         uint32_t d = depth[i];
         visited++;
+        if (sub) {
+            if (d == 1) {
+                uint8_t c = byte[i];  /* below 0x20, '"', '\\', 0x80..0xBF: no plain token starts so */
+                first_ok = c < 0x80 ? !(G_P_ASCII[c >> 6] >> (c & 63) & 1) || (skip->first[c >> 6] >> (c & 63) & 1)
+                         : c < 0xC0 || skip->first_high;
+            }
+            if (first_ok && !(sub[2 * i] & s0) && !(sub[2 * i + 1] & s1)) { i = end[i]; continue; }  /* set by length */
+        }
         uint16_t t = trans[(size_t)st[d - 1] * 256 + byte[i]];
         if (t == M_UNKNOWN) {
             m->walk_n = (int)d;  /* st[0..d) are live */
@@ -621,8 +648,8 @@ static int walk_trie(cb_matcher *m, const gtrie *tr, uint32_t *mask, uint32_t bu
             if (mc > hi) hi = mc;
             for (uint32_t k = toff[i]; k < toff[i + 1]; k++) {
                 int32_t id = tok[k];
-                mask[id >> 5] |= 1u << (id & 31);
-                count++;
+                uint32_t b = 1u << (id & 31);
+                if (!(mask[id >> 5] & b)) { mask[id >> 5] |= b; count++; }  /* plain ones may be set already */
             }
         }
         st[d] = t;
@@ -634,40 +661,136 @@ static int walk_trie(cb_matcher *m, const gtrie *tr, uint32_t *mask, uint32_t bu
     return count;
 }
 
-/* Does state sid step the same way on every code point of P (see gvocab)?
- * True when no partial code point is pending and every stack's top terminal
- * admits all of P or none of it: then the stacks that survive, and so the
- * next state, do not depend on which code point of P comes. */
-static int p_constant(const cb_matcher *m, uint16_t sid) {
+/* An atom of a state: code points of P on which it steps the same way,
+ * the ASCII ones in a (bit c of word c >> 6) and, if high, all of P above
+ * 0x7F. */
+typedef struct { uint64_t a[2]; int high; } patom;
+
+static int atom_has(const patom *u, int c) { return (int)(u->a[c >> 6] >> (c & 63) & 1); }
+static int atom_size(const patom *u) { return __builtin_popcountll(u->a[0]) + __builtin_popcountll(u->a[1]); }
+
+/* The candidate atoms of state sid, best first (see plain_mask): the one
+ * holding P above 0x7F when some stack top admits it and an ASCII code
+ * point is in it too, then the largest ASCII-only ones.  Each comes with a
+ * representative ASCII code point (rep).  Returns how many (<= cap), 0 when
+ * a partial code point is pending or a top admits only part of P above
+ * 0x7F (no atom spans it: the state is not split this way), or -1 when no
+ * top admits any code point of P (P is one atom, and it dies). */
+static int state_atoms(const cb_matcher *m, uint16_t sid, patom *out, int *rep, int cap) {
     const cb_grammar *g = m->g;
     const mpool *P = &m->pool[m->cur_pool];
     const mstate *s = &P->st[sid];
     if (s->prem) return 0;
     const uint32_t *w = P->arena + s->off;
-    for (uint32_t i = 0; i < s->nwords; i += 1 + w[i])
-        if (w[i] && term_plain(g, &g->el[w[i + w[i]]]) == GP_PART) return 0;
-    return 1;
+    patom hi = { { G_P_ASCII[0], G_P_ASCII[1] }, 1 };
+    int any_high = 0, any_p = 0;
+    for (uint32_t i = 0; i < s->nwords; i += 1 + w[i]) {
+        if (!w[i]) continue;
+        uint64_t a[2];
+        int h = term_p(g, &g->el[w[i + w[i]]], a);
+        if (h == GP_PART) return 0;
+        if (h == GP_ALL || a[0] || a[1]) any_p = 1;
+        if (h == GP_ALL) any_high = 1;
+        else { a[0] = ~a[0]; a[1] = ~a[1]; }
+        hi.a[0] &= a[0];
+        hi.a[1] &= a[1];
+    }
+    if (!any_p) return -1;
+    int n = 0;
+    uint64_t left[2] = { G_P_ASCII[0], G_P_ASCII[1] };
+    if (any_high && (hi.a[0] | hi.a[1])) {
+        out[n] = hi;
+        rep[n++] = atom_has(&hi, 'a') ? 'a' : hi.a[0] ? __builtin_ctzll(hi.a[0]) : 64 + __builtin_ctzll(hi.a[1]);
+    }
+    left[0] &= ~hi.a[0];
+    left[1] &= ~hi.a[1];
+    /* the ASCII-only atoms: split what is left by each top's membership */
+    patom best[4];
+    int brep[4], nb = 0;
+    while (left[0] | left[1]) {
+        int r = left[0] ? __builtin_ctzll(left[0]) : 64 + __builtin_ctzll(left[1]);
+        patom u = { { left[0], left[1] }, 0 };
+        for (uint32_t i = 0; i < s->nwords; i += 1 + w[i]) {
+            if (!w[i]) continue;
+            uint64_t a[2];
+            term_p(g, &g->el[w[i + w[i]]], a);
+            if (!(a[r >> 6] >> (r & 63) & 1)) { a[0] = ~a[0]; a[1] = ~a[1]; }
+            u.a[0] &= a[0];
+            u.a[1] &= a[1];
+        }
+        left[0] &= ~u.a[0];
+        left[1] &= ~u.a[1];
+        /* keep the largest few, by insertion */
+        if (nb == 4 && atom_size(&best[3]) >= atom_size(&u)) continue;
+        int k = nb < 4 ? nb++ : 3;
+        while (k > 0 && atom_size(&best[k - 1]) < atom_size(&u)) { best[k] = best[k - 1]; brep[k] = brep[k - 1]; k--; }
+        best[k] = u;
+        brep[k] = r;
+    }
+    for (int k = 0; k < nb && n < cap; k++) { out[n] = best[k]; rep[n++] = brep[k]; }
+    return n;
 }
 
-/* The plain-token fast path.  From a P-constant state S, a plain token of L
- * code points ends in S_L, the L-th state of the chain S -> step(S, 'a') ->
- * ... (each link P-constant), so the plain tokens are allowed by length
- * alone; only the vocabulary's `rest` trie needs a walk.  Returns 1 and sets
- * the plain tokens into mask (count and *hi updated) when it applies, 0 when
- * it does not (some state of the chain is not P-constant), or a negative
- * status. */
-static int plain_mask(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *hi, int *count) {
+/* Fewest tokens the fast path must cover to be taken (a sixteenth of the
+ * plain ones): below that, a walk whose dead first bytes prune the trie is
+ * cheaper than building the rows. */
+#define G_PLAIN_MIN_COVER(v) ((v)->n_plain / 16)
+
+/* The plain-token fast path.  From the current state S = S_0, step a chain
+ * S_0 -> S_1 -> ... : S_l+1 is S_l's successor on any code point of an
+ * atom U_l+1 of S_l (state_atoms; the first candidate whose successor is
+ * alive, stepped on its representative).  A plain token of L code points,
+ * the first in U_1 and the others in U_rest (the intersection of the later
+ * atoms), ends in S_L, so such tokens are allowed by length alone.  The
+ * tokens that are not plain are the vocabulary's `rest` trie; unless U_1 =
+ * U_rest = P, the other plain tokens are found by a walk of the whole trie
+ * that skips the subtrees whose plain tokens were all set here (*skip).
+ * Returns 1 and sets the plain tokens into mask (count and *hi updated)
+ * when it applies, 0 when it does not (S_0 is not split into atoms, its
+ * chosen atom dies, or it covers few tokens), or a negative status. */
+static int plain_mask(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *hi, int *count, pskip *skip) {
     const gvocab *v = m->g->v;
     if (!v->n_plain) return 0;
     int lmax = v->max_depth < G_PLAIN_MAX ? v->max_depth : G_PLAIN_MAX;
     uint16_t *ch = m->walk;  /* chain states; collection roots while stepping */
     ch[0] = m->cur;
     int alive = 0;  /* chain states 1..alive are live */
+    patom u1 = { { 0, 0 }, 0 }, ur = { { G_P_ASCII[0], G_P_ASCII[1] }, 1 };
     for (int l = 1; l <= lmax; l++) {
-        if (!p_constant(m, ch[l - 1])) { m->walk_n = 0; return 0; }
+        patom cand[3];
+        int rep[3];
+        int nc = state_atoms(m, ch[l - 1], cand, rep, 3);
+        if (nc < 0) {  /* dead on all of P: what is longer than l - 1 dies */
+            if (l == 1) { m->walk_n = 0; return 0; }
+            ch[l] = 0;
+            break;
+        }
+        if (!nc) {
+            if (l == 1) { m->walk_n = 0; return 0; }
+            /* tokens longer than l - 1 are left to the walk: treat S_l as
+             * reached by no code point (U_rest empty of P: nothing longer is set or skipped) */
+            ur.a[0] = ur.a[1] = 0;
+            ur.high = 0;
+            break;
+        }
+        int k = 0, s = 0;
         m->walk_n = l;
-        int s = step(m, &ch[l - 1], 'a');
-        if (s < 0) { m->walk_n = 0; return s; }
+        for (; k < nc; k++) {
+            s = step(m, &ch[l - 1], (uint8_t)rep[k]);
+            if (s < 0) { m->walk_n = 0; return s; }
+            if (s) break;
+        }
+        if (k == nc) k = 0;  /* every candidate dies: tokens in the first one die at S_l */
+        if (l == 1) {
+            u1 = cand[k];
+            uint32_t cover = u1.high ? v->n_first[G_PROW_HIGH] : 0;
+            for (int c = 0x20; c < 0x80; c++) if (atom_has(&u1, c)) cover += v->n_first[c - 0x20];
+            if (!s || cover < G_PLAIN_MIN_COVER(v)) { m->walk_n = 0; return 0; }
+        } else {
+            ur.a[0] &= cand[k].a[0];
+            ur.a[1] &= cand[k].a[1];
+            ur.high &= cand[k].high;
+        }
         ch[l] = (uint16_t)s;
         if (s == 0) break;  /* longer plain tokens die here too */
         alive = l;
@@ -677,21 +800,60 @@ static int plain_mask(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *
     uint32_t nw = v->n_words;
     int all_in = 1;
     for (int l = 1; l <= alive; l++) if (mcs[ch[l]] > budget) all_in = 0;
-    if (all_in && alive) {
-        const uint32_t *u = v->plain_upto + (size_t)(alive - 1) * nw;
-        for (uint32_t j = 0; j < nw; j++) mask[j] |= u[j];
-    }
-    for (int l = 1; l <= alive; l++) {
+    for (int l = 1; l <= alive; l++) {  /* a length may have lost all its tokens to the atoms: *hi may be high, which is safe */
         uint32_t mc = mcs[ch[l]];
-        if (mc > budget || !v->n_plain_len[l]) continue;
-        if (!all_in) {
-            const uint32_t *w = v->plain + (size_t)(l - 1) * nw;
-            for (uint32_t j = 0; j < nw; j++) mask[j] |= w[j];
-        }
-        *count += (int)v->n_plain_len[l];
-        if (mc > *hi) *hi = mc;
+        if (mc <= budget && v->n_plain_len[l] && mc > *hi) *hi = mc;
     }
     m->stats.plain_masks++;
+    int whole = u1.high && ur.high && u1.a[0] == G_P_ASCII[0] && u1.a[1] == G_P_ASCII[1] &&
+                ur.a[0] == G_P_ASCII[0] && ur.a[1] == G_P_ASCII[1];
+    skip->on = !whole;
+    skip->first[0] = u1.a[0];
+    skip->first[1] = u1.a[1];
+    skip->first_high = u1.high;
+    skip->rest_out[0] = (G_P_ASCII[0] & ~ur.a[0]) | (ur.high ? 0 : G_SUB_HIGH);
+    skip->rest_out[1] = G_P_ASCII[1] & ~ur.a[1];
+    if (whole) {
+        if (all_in) {
+            const uint32_t *u = v->plain_upto + (size_t)(alive - 1) * nw;
+            for (uint32_t j = 0; j < nw; j++) mask[j] |= u[j];
+        }
+        for (int l = 1; l <= alive; l++) {
+            if (mcs[ch[l]] > budget || !v->n_plain_len[l]) continue;
+            if (!all_in) {
+                const uint32_t *w = v->plain + (size_t)(l - 1) * nw;
+                for (uint32_t j = 0; j < nw; j++) mask[j] |= w[j];
+            }
+            *count += (int)v->n_plain_len[l];
+        }
+        return 1;
+    }
+    /* keep = plain tokens starting in U_1 (from the rows in U_1 or from
+     * those outside it, whichever are fewer) with nothing outside U_rest
+     * after that */
+    uint32_t *keep = m->xbuf;
+    int n_in = atom_size(&u1) + u1.high, inside = n_in <= G_PROWS - 2 - n_in;  /* P: 94 ASCII rows + 1 high */
+    memset(keep, inside ? 0 : 0xFF, nw * sizeof *keep);
+    for (int row = 0; row < G_PROWS; row++) {
+        int c = row + 0x20, in = row == G_PROW_HIGH ? u1.high : atom_has(&u1, c);
+        if ((row != G_PROW_HIGH && !(G_P_ASCII[c >> 6] >> (c & 63) & 1)) || in != inside) continue;
+        const uint32_t *h = v->plain_first + (size_t)row * nw;
+        if (inside) for (uint32_t j = 0; j < nw; j++) keep[j] |= h[j];
+        else for (uint32_t j = 0; j < nw; j++) keep[j] &= ~h[j];
+    }
+    for (int row = 0; row < G_PROWS; row++) {
+        int c = row + 0x20, out = row == G_PROW_HIGH ? !ur.high : (G_P_ASCII[c >> 6] >> (c & 63) & 1) && !atom_has(&ur, c);
+        if (!out) continue;
+        const uint32_t *h = v->plain_rest + (size_t)row * nw;
+        for (uint32_t j = 0; j < nw; j++) keep[j] &= ~h[j];
+    }
+    int n = 0;
+    for (int l = all_in ? alive : 1; l <= alive; l++) {  /* all in the budget: the cumulative row once */
+        if (!all_in && (mcs[ch[l]] > budget || !v->n_plain_len[l])) continue;
+        const uint32_t *u = (all_in ? v->plain_upto : v->plain) + (size_t)(l - 1) * nw;
+        for (uint32_t j = 0; j < nw; j++) { uint32_t w = u[j] & keep[j]; mask[j] |= w; n += __builtin_popcount(w); }
+    }
+    *count += n;
     return 1;
 }
 
@@ -700,11 +862,18 @@ static int plain_mask(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *
 static int walk_vocab(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *maxmc) {
     uint32_t hi = 0;
     int count = 0;
-    int fast = plain_mask(m, mask, budget, &hi, &count);
+    pskip skip;
+    int fast = plain_mask(m, mask, budget, &hi, &count, &skip);
     if (fast < 0) return fast;
-    uint32_t h2 = 0;
-    int c2 = walk_trie(m, fast ? &m->g->v->rest : &m->g->v->all, mask, budget, &h2);
+    uint32_t h2 = 0, h3 = 0;
+    int c2 = walk_trie(m, fast ? &m->g->v->rest : &m->g->v->all, NULL, mask, budget, &h2);
     if (c2 < 0) return c2;
+    if (fast && skip.on) {
+        int c3 = walk_trie(m, &m->g->v->all, &skip, mask, budget, &h3);
+        if (c3 < 0) return c3;
+        c2 += c3;
+        if (h3 > h2) h2 = h3;
+    }
     *maxmc = h2 > hi ? h2 : hi;
     return count + c2;
 }

@@ -25,13 +25,14 @@ static int tokref_cmp(const void *a, const void *b) {
 }
 
 static void trie_free(gtrie *t) {
-    free(t->byte); free(t->depth); free(t->end); free(t->tok_off); free(t->tok); free(t->maxd);
+    free(t->byte); free(t->depth); free(t->end); free(t->tok_off); free(t->tok); free(t->maxd); free(t->sub);
     memset(t, 0, sizeof *t);
 }
 
 /* The trie of n sorted tokens (at most one node per byte of text), nodes in
- * preorder.  max_len bounds a token's length. */
-static int trie_build(gtrie *g, const tokref *t, uint32_t n, size_t text_bytes, int max_len) {
+ * preorder.  max_len bounds a token's length.  tsub (NULL: no gtrie.sub):
+ * each token's own sub bits, [2 * n] in the order of t. */
+static int trie_build(gtrie *g, const tokref *t, uint32_t n, size_t text_bytes, int max_len, const uint64_t *tsub) {
     size_t cap = text_bytes ? text_bytes : 1;
     g->byte = malloc(cap);
     g->depth = malloc(cap * sizeof *g->depth);
@@ -40,7 +41,11 @@ static int trie_build(gtrie *g, const tokref *t, uint32_t n, size_t text_bytes, 
     g->tok = malloc((n ? n : 1) * sizeof *g->tok);
     g->maxd = malloc(cap * sizeof *g->maxd);
     uint32_t *path = malloc(((size_t)max_len + 1) * sizeof *path);  /* open node at each depth */
-    if (!g->byte || !g->depth || !g->end || !g->tok_off || !g->tok || !g->maxd || !path) { free(path); return CB_ERR_NOMEM; }
+    if (tsub) g->sub = calloc(2 * cap, sizeof *g->sub);
+    if (!g->byte || !g->depth || !g->end || !g->tok_off || !g->tok || !g->maxd || !path || (tsub && !g->sub)) {
+        free(path);
+        return CB_ERR_NOMEM;
+    }
     uint32_t nn = 0, plen = 0, ntok = 0;
     const tokref *prev = NULL;
     for (uint32_t i = 0; i < n; i++) {
@@ -61,6 +66,10 @@ static int trie_build(gtrie *g, const tokref *t, uint32_t n, size_t text_bytes, 
          * running count at creation): a node's tokens are those added before
          * the next node was created. */
         g->tok[ntok++] = t[i].id;
+        if (tsub && t[i].n) {
+            g->sub[2 * (nn - 1)] |= tsub[2 * i];
+            g->sub[2 * (nn - 1) + 1] |= tsub[2 * i + 1];
+        }
         prev = &t[i];
     }
     while (plen) g->end[path[--plen]] = nn;
@@ -69,7 +78,10 @@ static int trie_build(gtrie *g, const tokref *t, uint32_t n, size_t text_bytes, 
      * (first child i+1, next sibling at the child's end), so one backward pass */
     for (uint32_t i = nn; i-- > 0; ) {
         uint16_t md = g->depth[i];
-        for (uint32_t c = i + 1; c < g->end[i]; c = g->end[c]) if (g->maxd[c] > md) md = g->maxd[c];
+        for (uint32_t c = i + 1; c < g->end[i]; c = g->end[c]) {
+            if (g->maxd[c] > md) md = g->maxd[c];
+            if (tsub) { g->sub[2 * i] |= g->sub[2 * c]; g->sub[2 * i + 1] |= g->sub[2 * c + 1]; }
+        }
         g->maxd[i] = md;
     }
     g->n_nodes = nn;
@@ -103,6 +115,9 @@ static int plain_len(const uint8_t *b, uint32_t n) {
     return cps;
 }
 
+/* Bytes of the UTF-8 code point a lead byte starts (1 for anything else). */
+static uint32_t first_cp_len(uint8_t c) { return c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1; }
+
 void gvocab_free(gvocab *v) {
     if (!v) return;
     free(v->tok_bytes); free(v->tok_off); free(v->tok_kind); free(v->eog_ids);
@@ -110,6 +125,8 @@ void gvocab_free(gvocab *v) {
     trie_free(&v->rest);
     free(v->plain);
     free(v->plain_upto);
+    free(v->plain_first);
+    free(v->plain_rest);
     free(v);
 }
 
@@ -130,7 +147,11 @@ int gvocab_build(const cb_vocab_view *vv, gvocab **out, char *err, size_t err_le
     v->eog_ids = malloc((n ? (size_t)n : 1) * sizeof *v->eog_ids);
     v->plain = calloc((size_t)G_PLAIN_MAX * (v->n_words ? v->n_words : 1), sizeof *v->plain);
     v->plain_upto = calloc((size_t)G_PLAIN_MAX * (v->n_words ? v->n_words : 1), sizeof *v->plain_upto);
-    if (!v->tok_bytes || !v->tok_off || !v->tok_kind || !v->eog_ids || !v->plain || !v->plain_upto) goto oom;
+    v->plain_first = calloc((size_t)G_PROWS * (v->n_words ? v->n_words : 1), sizeof *v->plain_first);
+    v->plain_rest = calloc((size_t)G_PROWS * (v->n_words ? v->n_words : 1), sizeof *v->plain_rest);
+    if (!v->tok_bytes || !v->tok_off || !v->tok_kind || !v->eog_ids || !v->plain || !v->plain_upto || !v->plain_first ||
+        !v->plain_rest)
+        goto oom;
     if (total) memcpy(v->tok_bytes, vv->bytes + vv->off[0], total);
     uint32_t n_text = 0;
     size_t text_bytes = 0, rest_bytes = 0;
@@ -149,15 +170,37 @@ int gvocab_build(const cb_vocab_view *vv, gvocab **out, char *err, size_t err_le
     for (int i = 0; i < n; i++)
         if (v->tok_kind[i] == 0) { t[k].b = v->tok_bytes + v->tok_off[i]; t[k].n = v->tok_off[i + 1] - v->tok_off[i]; t[k].id = i; k++; }
     qsort(t, n_text, sizeof *t, tokref_cmp);
-    int rc = trie_build(&v->all, t, n_text, text_bytes, max_len);
+    /* each plain token's sub bits (see gtrie) */
+    uint64_t *tsub = calloc(2 * (size_t)(n_text ? n_text : 1), sizeof *tsub);
+    if (!tsub) { free(t); goto oom; }
+    for (uint32_t i = 0; i < n_text; i++)
+        if (plain_len(t[i].b, t[i].n) > 0)
+            for (uint32_t j = first_cp_len(t[i].b[0]); j < t[i].n; j++) {
+                uint8_t c = t[i].b[j];
+                if (c < 0x80) tsub[2 * i + (c >> 6)] |= 1ull << (c & 63);
+                else tsub[2 * i] |= G_SUB_HIGH;
+            }
+    int rc = trie_build(&v->all, t, n_text, text_bytes, max_len, tsub);
+    free(tsub);
     if (rc) { free(t); goto oom; }
-    /* plain tokens by length; the rest keep their sorted order */
+    /* plain tokens by length, by their first code point and by the ASCII
+     * code points after it; the rest keep their sorted order */
     uint32_t nr = 0;
     for (uint32_t i = 0; i < n_text; i++) {
         int L = plain_len(t[i].b, t[i].n);
         if (L > 0) {
             uint32_t *w = v->plain + (size_t)(L - 1) * v->n_words;
             w[t[i].id >> 5] |= 1u << (t[i].id & 31);
+            size_t wi = t[i].id >> 5;
+            uint32_t bi = 1u << (t[i].id & 31);
+            uint8_t c0 = t[i].b[0];
+            int row = c0 < 0x80 ? c0 - 0x20 : G_PROW_HIGH;  /* >= 0x20: plain */
+            v->plain_first[(size_t)row * v->n_words + wi] |= bi;
+            v->n_first[row]++;
+            for (uint32_t j = first_cp_len(c0); j < t[i].n; j++) {
+                uint8_t c = t[i].b[j];
+                v->plain_rest[(size_t)(c < 0x80 ? c - 0x20 : G_PROW_HIGH) * v->n_words + wi] |= bi;
+            }
             v->n_plain_len[L]++;
             v->n_plain++;
         } else {
@@ -171,7 +214,7 @@ int gvocab_build(const cb_vocab_view *vv, gvocab **out, char *err, size_t err_le
         const uint32_t *prev = L > 1 ? u - v->n_words : NULL;
         for (uint32_t j = 0; j < v->n_words; j++) u[j] = w[j] | (prev ? prev[j] : 0);
     }
-    rc = trie_build(&v->rest, t, nr, rest_bytes, max_len);
+    rc = trie_build(&v->rest, t, nr, rest_bytes, max_len, NULL);
     free(t);
     if (rc) goto oom;
     *out = v;

@@ -60,6 +60,8 @@ static void make_vocab(void) {
         "\xe6\x97\xa5" /* 日 */, "\xe6\x97\xa5\xe6\x9c\xac" /* 日本 */, "\xa5" "a", "\x97\xa5",
         "a\xc3", "12", "-1", "0.5", "\n", "\\n", "\\\"", "abab", "ba", "zz", "\xf0\x9f",
         "\xf0\x9f\x98\x80" /* 😀 */, "# ", "a)", "(a", "\"a",
+        "/a", "a/", "a/b", "//", "nam", "na", "me", "\xc3\xa9/", "a\xc3\xa9", "b!", "a!", "ame", "e\"",
+        "a@", "a@b", "b.c", ".ab", "a-b", "ab.c", "ba@",
     };
     for (size_t i = 0; i < sizeof multi / sizeof *multi; i++) add_str(multi[i]);
     add_str("ab");  /* a duplicate entry: both ids must get the same answer */
@@ -306,12 +308,32 @@ static const char *JSON_GBNF =
     "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
 
-static const char *PLAIN_GRAMMARS[4] = {
+/* Grammars for the plain-token fast path.  0-2: every stack top admits all
+ * of P or none of it (one atom); 3-5: all of P but a few ASCII code points
+ * ({b, !}, '/', the letters of a declared property name); 6-7: ASCII-only
+ * atoms (an e-mail address; letters next to all of P above 0x7F, which
+ * stays alive outside the atom): the fast path applies with the other
+ * atoms left to the walk; 8-9: a class with part of P above 0x7F, a class
+ * with no ASCII code point at all: it must not apply. */
+#define N_PLAIN 10
+static const char *PLAIN_GRAMMARS[N_PLAIN] = {
     "root ::= \"\\\"\" char* \"\\\"\" (\",\" \" \"? root)?\n"
     "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
     "root ::= \"\\\"\" [^\"\\\\\\x00-\\x1F]{0,5} \"\\\"\" \"x\"?",
     "root ::= \"\\\"\" ([^\"\\\\\\x00-\\x1F] | \"\\\\n\"){2,} \"\\\"\" | \"ab\"+",
     "root ::= [^\"\\\\\\x00-\\x1Fb]* \"!\"",
+    "root ::= \"\\\"\" (\"/\" [^/\"\\\\\\x00-\\x1F]{1,4})+ \"/\"? \"\\\"\"",
+    "root ::= \"{\" (kv (\",\" kv)*)? \"}\"\n"
+    "kv ::= \"\\\"\" k4 \":1\"\n"
+    "k1 ::= [ -!#-\\[\\]-\\uD7FF\\uE000-\\U0010FFFF] char* \"\\\"\"\n"
+    "k2 ::= \"e\" k1 | [ -!#-\\[\\]-df-\\uD7FF\\uE000-\\U0010FFFF] char* \"\\\"\" | \"\\\"\"\n"
+    "k3 ::= \"m\" k2 | [ -!#-\\[\\]-ln-\\uD7FF\\uE000-\\U0010FFFF] char* \"\\\"\" | \"\\\"\"\n"
+    "k4 ::= \"n\" \"a\" k3 | [ -!#-\\[\\]-mo-\\uD7FF\\uE000-\\U0010FFFF] char* \"\\\"\" | \"n\\\"\"\n"
+    "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
+    "root ::= \"\\\"\" [a-z0-9._-]+ \"@\" [a-z]+ (\".\" [a-z]+)* \"\\\"\"",
+    "root ::= \"\\\"\" ([a-z] | [\\u0080-\\U0010FFFF])+ \"\\\"\"",
+    "root ::= \"\\\"\" [a-z\xc3\xa9]* \"\\\"\"",
+    "root ::= \"\\\"\" [\\u0080-\\U0010FFFF]* \"\\\"\"",
 };
 
 static void test_masks(void) {
@@ -326,7 +348,7 @@ static void test_masks(void) {
      * it): JSON strings as the schema converter writes them, unbounded and
      * with a length bound (a chain of distinct states that dies), and a
      * class that admits only part of P (the fast path must not apply) */
-    for (int k = 0; k < 4; k++) walk_check(PLAIN_GRAMMARS[k], 10, 30);
+    for (int k = 0; k < N_PLAIN; k++) walk_check(PLAIN_GRAMMARS[k], 10, 30);
     cb_grammar *g = compile_ok(PLAIN_GRAMMARS[0]);
     if (g) {
         cb_matcher *m;
@@ -340,15 +362,20 @@ static void test_masks(void) {
         cb_matcher_free(m);
         cb_grammar_free(g);
     }
-    g = compile_ok(PLAIN_GRAMMARS[3]);
-    if (g) {
+    /* where the fast path applies (first mask after the opening byte, or at
+     * the start for grammar 3) and where it must not */
+    for (int k = 3; k < N_PLAIN; k++) {
+        g = compile_ok(PLAIN_GRAMMARS[k]);
+        if (!g) continue;
         cb_matcher *m;
         uint32_t mask[(MAXTOK + 31) / 32];
         CHECK(cb_matcher_new(g, &m) == CB_OK);
+        const char *start = k == 3 ? "" : k == 4 ? "\"/" : k == 5 ? "{\"" : "\"";
+        CHECK(cb_matcher_accept_bytes(m, (const uint8_t *)start, strlen(start)) == CB_OK);
         CHECK(cb_matcher_fill_mask(m, mask) > 0);
         cb_matcher_stats st;
         cb_matcher_get_stats(m, &st);
-        CHECK(st.plain_masks == 0);
+        CHECK_MSG(st.plain_masks == (k < 8), "grammar %d: %llu fast-path masks", k, (unsigned long long)st.plain_masks);
         cb_matcher_free(m);
         cb_grammar_free(g);
     }
@@ -826,7 +853,7 @@ static void test_budgets(void) {
     budget_walks(MULTIBYTE, 12, 20);
     budget_walks("root ::= p\np ::= \"(\" p \")\" p | \"a\" | \"\"", 12, 25);
     budget_walks("root ::= [a-b]{0,6000} \"!\"", 4, 3);
-    for (int k = 0; k < 4; k++) budget_walks(PLAIN_GRAMMARS[k], 10, 25);
+    for (int k = 0; k < N_PLAIN; k++) budget_walks(PLAIN_GRAMMARS[k], 10, 25);
 
     /* budgets across a state-pool collection: reference masks stay equal */
     cb_grammar *g = compile_ok("root ::= [a-b]{0,6000} (\"!\" | \"\xe6\x97\xa5\xe6\x9c\xac\")");
