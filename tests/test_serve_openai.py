@@ -306,6 +306,38 @@ def test_health_profile_experts_metrics(server, client):
     assert int(gen[0].split()[-1]) >= 2
 
 
+def _metric_samples(server, family):
+    """{labels: value} of one vLLM-named /metrics family."""
+    st, _, data = raw(server, "GET", "/metrics")
+    assert st == 200
+    out = {}
+    for ln in data.decode().splitlines():
+        if ln.startswith(f"vllm:{family}{{"):
+            labels, val = ln[len(f"vllm:{family}"):].rsplit(" ", 1)
+            out[labels] = float(val)
+    return out
+
+
+def test_speculative_request_counts_in_metrics(server, client):
+    """A speculative request's drafts, draft tokens, accepted tokens and accepted
+    tokens per draft position reach /metrics under vLLM's names."""
+    names = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+             "spec_decode_num_accepted_tokens_total")
+    before = {n: sum(_metric_samples(server, n).values()) for n in names}
+    pos_before = _metric_samples(server, "spec_decode_num_accepted_tokens_per_pos_total")
+    code = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+    msgs = [{"role": "user", "content": f"Repeat this code exactly, twice:\n{code}"}]
+    chat(client, messages=msgs, max_tokens=48,
+         extra_body={"speculative": {"sources": ["prompt_lookup"], "k_max": 4, "adaptive": False}})
+    after = {n: sum(_metric_samples(server, n).values()) for n in names}
+    pos = _metric_samples(server, "spec_decode_num_accepted_tokens_per_pos_total")
+    drafts, tokens, accepted = (after[n] - before[n] for n in names)
+    assert drafts > 0 and tokens >= drafts and 0 < accepted <= tokens
+    assert all('position="' in k for k in pos) and pos
+    gained = {k: v - pos_before.get(k, 0.0) for k, v in pos.items()}
+    assert sum(gained.values()) == accepted and gained['{model_name="smollm2",position="0"}'] > 0
+
+
 def test_request_id_echo_and_generate(server):
     st, h, _ = raw(server, "GET", "/v1/models", headers={"x-request-id": "my-req.42"})
     assert h["x-request-id"] == "my-req.42"
