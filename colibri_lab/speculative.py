@@ -362,3 +362,31 @@ def category_speedups(df, baseline: str = "plain", n_boot: int = 2000):
         row.update(spec_table(g, by=["arm"]).iloc[0].drop("arm").to_dict())
         out.append(row)
     return pd.DataFrame(out)
+
+
+def load_category_runs(dirs):
+    """The parts of a category benchmark saved by scripts/bench_spec.py
+    (each DIR/requests.csv and DIR/meta.json) as one run: (requests
+    DataFrame, llama.cpp anchor rows, the parts' metas).  A category measured
+    in several parts: the last one's rows."""
+    import pandas as pd
+
+    metas, dfs, llama = [], [], []
+    for d in dirs:
+        with open(os.path.join(d, "meta.json")) as f:
+            m = json.load(f)
+        m["dir"] = d
+        df = pd.read_csv(os.path.join(d, "requests.csv"), keep_default_na=False, na_values=[""])
+        df["identical"] = df["identical"].astype(str) == "True"
+        cats = list(dict.fromkeys(df.category))
+        m.setdefault("categories", cats)
+        dfs = [x[~x.category.isin(cats)] for x in dfs]
+        llama = [r for r in llama if r["category"] not in cats]
+        dfs.append(df)
+        llama += m.get("llama_rows") or []
+        metas.append(m)
+    df = pd.concat(dfs, ignore_index=True)
+    for c in df.columns:
+        if c.startswith(("draft_n_pos_", "draft_accepted_pos_", "draft_n_src_", "draft_accepted_src_")):
+            df[c] = df[c].fillna(0).astype(int)
+    return df, llama, metas

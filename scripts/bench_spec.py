@@ -206,30 +206,6 @@ def run_part(a):
     return save_dir
 
 
-def load_parts(dirs):
-    """The saved parts as one (requests, llama rows, metas); a category in several parts: the last one's."""
-    import pandas as pd
-
-    metas, dfs, llama = [], [], []
-    for d in dirs:
-        m = json.load(open(os.path.join(d, "meta.json")))
-        m["dir"] = d
-        df = pd.read_csv(os.path.join(d, "requests.csv"), keep_default_na=False, na_values=[""])
-        df["identical"] = df["identical"].astype(str) == "True"
-        cats = list(dict.fromkeys(df.category))
-        m.setdefault("categories", cats)
-        dfs = [x[~x.category.isin(cats)] for x in dfs]
-        llama = [r for r in llama if r["category"] not in cats]
-        dfs.append(df)
-        llama += m.get("llama_rows") or []
-        metas.append(m)
-    df = pd.concat(dfs, ignore_index=True)
-    for c in df.columns:
-        if c.startswith(("draft_n_pos_", "draft_accepted_pos_", "draft_n_src_", "draft_accepted_src_")):
-            df[c] = df[c].fillna(0).astype(int)
-    return df, llama, metas
-
-
 def report(df, llama_rows, metas, a, ap):
     """The markdown report and verdicts of the (merged) parts."""
     import numpy as np
@@ -412,8 +388,10 @@ def main(argv=None) -> int:
         return llama_worker(*a.llama_worker)
     if a.quick:
         a.per_category, a.max_tokens, a.slow_prompts = 1, 24, 1
+    from colibri_lab.speculative import load_category_runs
+
     dirs = a.merge or [run_part(a)]
-    df, llama_rows, metas = load_parts(dirs)
+    df, llama_rows, metas = load_category_runs(dirs)
     out, verdicts = report(df, llama_rows, metas, a, ap)
     write_report(out, verdicts, a, ap)
     return 0

@@ -8,6 +8,8 @@ import os
 
 import pandas as pd
 
+from colibri_lab.speculative import load_category_runs
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,7 +50,7 @@ def test_parts_merge_into_one_report_and_a_later_part_wins(tmp_path):
     p1, p2 = str(tmp_path / "p1"), str(tmp_path / "p2")
     _part(p1, ["code_editing", "qa"], 2.0, "t1")
     _part(p2, ["qa", "rag"], 3.0, "t2")  # qa measured again: this part's numbers count
-    df, llama, metas = b.load_parts([p1, p2])
+    df, llama, metas = load_category_runs([p1, p2])
     assert sorted(set(df.category)) == ["code_editing", "qa", "rag"]
     assert len(df[df.category == "qa"]) == 6 and len([r for r in llama if r["category"] == "qa"]) == 4
     ap = type("AP", (), {"get_default": staticmethod(lambda k: "x")})
