@@ -126,6 +126,35 @@ def llama_anchor(path, threads, max_tokens, eog, prompts, python, ours_plain):
         return {"error": f"llama-cpp-python child exited with code {p.returncode}: {tail[:400]}"}
 
 
+COST_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17)
+
+
+def step_costs(named_models, threads, rows=COST_ROWS, reps=9, ctx=300):
+    """{name: {rows: median ms}}: the wall time of one forward of `rows` rows (LM head on every row, as a
+    verify step) after `ctx` tokens of context, per model, sizes interleaved.  What a verify step of k
+    drafts (k + 1 rows) costs against a decode step (1 row), and what a drafter's token costs."""
+    import numpy as np
+
+    from colibri_lab import _engine
+
+    out = {}
+    for name, model in named_models.items():
+        core = _engine.Engine(model, n_slots=1, n_ctx=ctx + max(rows) + 8, n_threads=threads)
+        try:
+            toks = [100 + (i * 37) % 5000 for i in range(ctx + max(rows))]
+            core.forward_argmax(0, toks[:ctx], 0)
+            got = {k: [] for k in rows}
+            for _ in range(reps):
+                for k in rows:
+                    t = time.perf_counter()
+                    core.forward_argmax(0, toks[ctx:ctx + k], ctx)
+                    got[k].append((time.perf_counter() - t) * 1e3)
+            out[name] = {k: float(np.median(v)) for k, v in got.items()}
+        finally:
+            core.close()
+    return out
+
+
 def run_part(a):
     """Measure ours (and llama.cpp unless --no-llama) on a.categories; save the part; return its directory."""
     from colibri_lab import _engine, models
@@ -177,6 +206,7 @@ def run_part(a):
                                 slow_arms={"layer_skip": a.slow_prompts},
                                 progress=lambda c, r, i: print(f"  {c} r{r} #{i} {time.time() - t0:.0f}s", flush=True))
     ours_s = time.time() - t0
+    costs = step_costs({a.model: target, a.draft: draft, a.cross: cross}, a.threads)
     llama, llama_s = None, 0.0
     if not a.no_llama:
         eog = [i for i in range(target.n_vocab) if target.token_is_eog(i)]
@@ -198,7 +228,7 @@ def run_part(a):
                    "cross": a.cross, "threads": a.threads, "per_category": a.per_category,
                    "max_tokens": a.max_tokens, "repeats": a.repeats, "slow_prompts": a.slow_prompts,
                    "ours_minutes": ours_s / 60, "llama_minutes": llama_s / 60,
-                   "calibration": cal.__dict__ if cal else None, "policy": policy,
+                   "calibration": cal.__dict__ if cal else None, "policy": policy, "step_costs": costs,
                    "llama": {k: v for k, v in (llama or {}).items() if k != "rows"} if llama is not None else None,
                    "llama_rows": (llama or {}).get("rows", [])},
                   f, indent=1, default=str)
@@ -250,6 +280,23 @@ def report(df, llama_rows, metas, a, ap):
             out.append(f"| {c['layers']} | {c['agreement']:.3f} | {c['cost']:.3f} | {c['expected_speedup']:.2f} "
                        f"({c['k']}) |")
         out.append("")
+    costs = [m["step_costs"] for m in metas if m.get("step_costs")]
+    if costs:
+        tgt = m0["model"]
+        out.append(f"Measured costs (median ms of one forward with the LM head on every row, after 300 tokens, "
+                   f"{m0['threads']} threads, measured at the end of each part): a verify step of k drafts is k + 1 "
+                   f"rows of {tgt}; a drafter's token is about one row of the drafter.\n")
+        out.append("| part | model | " + " | ".join(f"{k} row{'s' * (k > 1)}" for k in COST_ROWS) + " |")
+        out.append("|---|---|" + "---|" * len(COST_ROWS))
+        for i, m in enumerate(metas):
+            c = m.get("step_costs")
+            if not c:
+                continue
+            one = c[tgt]["1"]
+            for name, ms in c.items():
+                out.append(f"| {i + 1} | {name} | " + " | ".join(
+                    f"{ms[str(k)]:.1f} ({ms[str(k)] / one:.2f})" for k in COST_ROWS) + " |")
+        out.append(f"\n(in brackets: relative to one row of {tgt})\n")
     out.append("Speedup = decode tok/s vs plain (geometric mean of per-prompt ratios, 95% bootstrap interval); "
                "acc = acceptance rate (accepted / draft tokens); len = mean acceptance length (1 + accepted / "
                "drafts); share = draft time share (drafting / decode time); = : every output identical to plain "

@@ -20,7 +20,7 @@ def _bench():
     return mod
 
 
-def _part(d, cats, speed, stamp):
+def _part(d, cats, speed, stamp, b_rows=()):
     """A saved part: every category two prompts; lookup `speed` x plain, adaptive at plain's speed."""
     os.makedirs(d)
     rows, llama = [], []
@@ -40,7 +40,8 @@ def _part(d, cats, speed, stamp):
             "load_start": "up", "load_end": "up", "categories": cats, "model": "m", "model_file": "m.gguf",
             "draft": "d", "cross": "x", "threads": 2, "per_category": 2, "max_tokens": 8, "repeats": 1,
             "slow_prompts": 1, "ours_minutes": 1.0, "llama_minutes": 1.0, "calibration": None,
-            "llama": {"version": "0.3.36"}, "llama_rows": llama}
+            "llama": {"version": "0.3.36"}, "llama_rows": llama,
+            "step_costs": {"m": {str(k): 10.0 + k for k in b_rows}, "d": {str(k): 5.0 for k in b_rows}}}
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump(meta, f)
 
@@ -48,8 +49,8 @@ def _part(d, cats, speed, stamp):
 def test_parts_merge_into_one_report_and_a_later_part_wins(tmp_path):
     b = _bench()
     p1, p2 = str(tmp_path / "p1"), str(tmp_path / "p2")
-    _part(p1, ["code_editing", "qa"], 2.0, "t1")
-    _part(p2, ["qa", "rag"], 3.0, "t2")  # qa measured again: this part's numbers count
+    _part(p1, ["code_editing", "qa"], 2.0, "t1", b.COST_ROWS)
+    _part(p2, ["qa", "rag"], 3.0, "t2", b.COST_ROWS)  # qa measured again: this part's numbers count
     df, llama, metas = load_category_runs([p1, p2])
     assert sorted(set(df.category)) == ["code_editing", "qa", "rag"]
     assert len(df[df.category == "qa"]) == 6 and len([r for r in llama if r["category"] == "qa"]) == 4
@@ -58,6 +59,7 @@ def test_parts_merge_into_one_report_and_a_later_part_wins(tmp_path):
     out, verdicts = b.report(df, llama, metas, args, ap)
     text = "\n".join(out)
     assert "part 1 (code_editing, qa)" in text and "part 2 (qa, rag)" in text
+    assert "| 1 | m | 11.0 (1.00) | 12.0 (1.09) |" in text and "| 2 | d | 5.0 (0.45) |" in text
     qa = next(line for line in out if line.startswith("| qa | 10.0 |"))
     assert "**3.00x**" in qa
     anchor = next(line for line in out if line.startswith("| rag | 5.0 | 6.0 |"))
