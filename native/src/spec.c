@@ -568,6 +568,32 @@ static void class_rates(const cb_spec_class *c, int k_max, double *r) {
         r[i] = c->tried[i] > 0 ? c->rate[i] : i == 0 ? CB_SPEC_PRIOR : r[i - 1];
 }
 
+/* The acceptance estimates of lookup class `cls` (by match length) of
+ * source b.  A class not verified yet starts from the nearest shorter-match
+ * class that has been, where that is above the prior: a longer match copies
+ * at least as faithfully, so a code edit's first long matches draft as deep
+ * as its short ones have earned instead of relearning from the prior. */
+static void lookup_class_rates(const cb_spec_policy *p, int b, int cls, int k_max, double *r) {
+    const cb_spec_class *c = &p->cls[b][cls];
+    class_rates(c, k_max, r);
+    if (c->tried[0] > 0) return;
+    for (int s = cls - 1; s >= 0; s--) {
+        const cb_spec_class *sh = &p->cls[b][s];
+        if (sh->tried[0] == 0) continue;
+        double rs[CB_SPEC_MAX_K];
+        class_rates(sh, k_max, rs);
+        for (int i = 0; i < k_max; i++) r[i] = rs[i] > r[i] ? rs[i] : r[i];
+        return;
+    }
+}
+
+/* Verified drafts behind a class's estimates (its own, or the class it starts from). */
+static int64_t lookup_class_drafts(const cb_spec_policy *p, int b, int cls) {
+    for (int s = cls; s >= 0; s--)
+        if (p->cls[b][s].tried[0] > 0) return p->cls[b][s].drafts;
+    return 0;
+}
+
 /* Depth 1..k_max maximising expected tokens per unit of step time relative to
  * a plain step, for acceptance rates r[0..k_max); *gain gets that ratio. */
 static int depth_for_rates(const cb_spec_policy *p, int b, const double *r, int base_rows, int k_max,
@@ -706,9 +732,10 @@ int cb_spec_policy_k_class(cb_spec_policy *p, int b, int cls, const cb_spec_para
     if (k_max > n_avail) k_max = n_avail;
     if (!sp->adaptive) { st->k = k_max; st->paused = 0; return k_max; }
     cb_spec_class *c = &p->cls[b][cls];
-    double gain;
-    int best_k = best_depth(p, b, c, base_rows, k_max, &gain);
-    if (c->drafts < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
+    double gain, r[CB_SPEC_MAX_K];
+    lookup_class_rates(p, b, cls, k_max, r);
+    int best_k = depth_for_rates(p, b, r, base_rows, k_max, &gain);
+    if (lookup_class_drafts(p, b, cls) < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
     c->decisions++;
     st->expected_gain = gain;
     if (gain < 1.0) {
@@ -730,7 +757,7 @@ void cb_spec_policy_record_class(cb_spec_policy *p, int b, int cls, int n, int a
     double r[CB_SPEC_MAX_K];
     if (n > CB_SPEC_MAX_K) n = CB_SPEC_MAX_K;
     if (a > n) a = n;
-    class_rates(c, n, r);
+    lookup_class_rates(p, b, cls, n, r);  /* (the same as class_rates for a drafter's class 0) */
     st->drafts++;
     st->draft_tokens += n;
     st->accepted_tokens += a;

@@ -202,6 +202,29 @@ static void test_policy_carry_forward(void) {
     CHECK(cb_spec_policy_k(&p, ls, &sl, 1) == 0);
 }
 
+static void test_policy_longer_match_inherits(void) {
+    /* short matches (class 1) copied faithfully so far: the first long match
+     * (class 3, never verified) drafts deep at once; a class below any data
+     * keeps the prior and the warm-up depth */
+    cb_spec_params sp = { CB_SPEC_LOOKUP, 16, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP);
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    feed_costs(&p, 5.0, 0.1, 20);
+    CHECK(cb_spec_policy_k_class(&p, b, 3, &sp, 1, 16) <= 2);
+    feed_accept(&p, b, 1, 8, 0.95);
+    int k3 = cb_spec_policy_k_class(&p, b, 3, &sp, 1, 16);
+    CHECK_MSG(k3 > 4, "k %d", k3);
+    CHECK(p.cls[b][3].tried[0] == 0);
+    CHECK(cb_spec_policy_k_class(&p, b, 0, &sp, 1, 16) <= 2);
+    /* a shorter class that fails does not hold a longer one below the prior */
+    cb_spec_policy q;
+    cb_spec_policy_init(&q);
+    feed_costs(&q, 5.0, 0.1, 20);
+    for (int i = 0; i < 40; i++) cb_spec_policy_record_class(&q, b, 0, 2, 0);
+    CHECK(cb_spec_policy_k_class(&q, b, 2, &sp, 1, 16) >= 1);
+}
+
 /* Per-request planning for drafter sources: the request's own acceptance
  * moves the choice away from the engine-wide estimate; the measured cost
  * per drafted token counts; a source that does not pay waits (doubling) and
@@ -251,6 +274,7 @@ int main(void) {
     test_policy_outlier();
     test_policy_skip_and_probe();
     test_policy_carry_forward();
+    test_policy_longer_match_inherits();
     test_policy_plan_per_request();
     return cb_test_report("test_spec");
 }
