@@ -594,6 +594,11 @@ static int64_t lookup_class_drafts(const cb_spec_policy *p, int b, int cls) {
     return 0;
 }
 
+int cb_spec_policy_class_learning(const cb_spec_policy *p, int b, int cls) {
+    if (b < 0 || b >= CB_SPEC_N_SOURCES || cls < 0 || cls >= CB_SPEC_N_CLASS) return 0;
+    return lookup_class_drafts(p, b, cls) < CB_SPEC_WARMUP;
+}
+
 /* Depth 1..k_max maximising expected tokens per unit of step time relative to
  * a plain step, for acceptance rates r[0..k_max); *gain gets that ratio. */
 static int depth_for_rates(const cb_spec_policy *p, int b, const double *r, int base_rows, int k_max,

@@ -186,6 +186,10 @@ int  cb_spec_policy_k(cb_spec_policy *p, int source_bit, const cb_spec_params *s
  * the choice can depend on what was found.  0: not worth verifying. */
 int  cb_spec_policy_k_class(cb_spec_policy *p, int source_bit, int cls, const cb_spec_params *sp, int base_rows,
                             int n_avail);
+/* Whether class `cls` of source b is still in its warm-up (fewer verified
+ * drafts behind its estimates than the policy trusts): its estimate is the
+ * prior, so comparing it with a learned source's would never try it. */
+int  cb_spec_policy_class_learning(const cb_spec_policy *p, int source_bit, int cls);
 /* Record a verified draft of class `cls`: n proposed, a accepted. */
 void cb_spec_policy_record_class(cb_spec_policy *p, int source_bit, int cls, int n, int a);
 /* Record a verified draft (class 0): n proposed, a accepted. */
