@@ -368,7 +368,8 @@ def load_category_runs(dirs):
     """The parts of a category benchmark saved by scripts/bench_spec.py
     (each DIR/requests.csv and DIR/meta.json) as one run: (requests
     DataFrame, llama.cpp anchor rows, the parts' metas).  A category measured
-    in several parts: the last one's rows."""
+    in several parts: the last one's rows (the anchor's: the last part that
+    ran the anchor on it)."""
     import pandas as pd
 
     metas, dfs, llama = [], [], []
@@ -381,9 +382,9 @@ def load_category_runs(dirs):
         cats = list(dict.fromkeys(df.category))
         m.setdefault("categories", cats)
         dfs = [x[~x.category.isin(cats)] for x in dfs]
-        llama = [r for r in llama if r["category"] not in cats]
         dfs.append(df)
-        llama += m.get("llama_rows") or []
+        mine = m.get("llama_rows") or []  # a part run with --no-llama keeps the earlier anchor rows
+        llama = [r for r in llama if r["category"] not in {x["category"] for x in mine}] + mine
         metas.append(m)
     df = pd.concat(dfs, ignore_index=True)
     for c in df.columns:

@@ -54,6 +54,17 @@ def test_parts_merge_into_one_report_and_a_later_part_wins(tmp_path):
     df, llama, metas = load_category_runs([p1, p2])
     assert sorted(set(df.category)) == ["code_editing", "qa", "rag"]
     assert len(df[df.category == "qa"]) == 6 and len([r for r in llama if r["category"] == "qa"]) == 4
+    # a later part without the anchor (--no-llama) keeps the earlier part's anchor rows
+    p3 = str(tmp_path / "p3")
+    _part(p3, ["rag"], 4.0, "t3")
+    with open(os.path.join(p3, "meta.json")) as f:
+        m3 = json.load(f)
+    m3["llama_rows"] = []
+    with open(os.path.join(p3, "meta.json"), "w") as f:
+        json.dump(m3, f)
+    df3, llama3, _ = load_category_runs([p1, p2, p3])
+    assert set(df3[df3.category == "rag"].decode_tok_s) == {10.0, 40.0}
+    assert len([r for r in llama3 if r["category"] == "rag"]) == 4
     ap = type("AP", (), {"get_default": staticmethod(lambda k: "x")})
     args = type("A", (), {"quick": False, "out": str(tmp_path / "out.md")})
     out, verdicts = b.report(df, llama, metas, args, ap)
