@@ -373,20 +373,24 @@ def load_category_runs(dirs):
     import pandas as pd
 
     metas, dfs, llama = [], [], []
-    for d in dirs:
+    for i, d in enumerate(dirs):
         with open(os.path.join(d, "meta.json")) as f:
             m = json.load(f)
         m["dir"] = d
         df = pd.read_csv(os.path.join(d, "requests.csv"), keep_default_na=False, na_values=[""])
         df["identical"] = df["identical"].astype(str) == "True"
+        df["part"] = i
         cats = list(dict.fromkeys(df.category))
         m.setdefault("categories", cats)
         dfs = [x[~x.category.isin(cats)] for x in dfs]
         dfs.append(df)
-        mine = m.get("llama_rows") or []  # a part run with --no-llama keeps the earlier anchor rows
+        mine = [dict(r, part=i) for r in m.get("llama_rows") or []]  # --no-llama: the earlier anchor rows stay
         llama = [r for r in llama if r["category"] not in {x["category"] for x in mine}] + mine
         metas.append(m)
     df = pd.concat(dfs, ignore_index=True)
+    for i, m in enumerate(metas):  # what of each part the merged run uses
+        m["ours_used"] = [c for c in dict.fromkeys(df.category) if (df[df.category == c].part == i).any()]
+        m["anchor_used"] = list(dict.fromkeys(r["category"] for r in llama if r["part"] == i))
     for c in df.columns:
         if c.startswith(("draft_n_pos_", "draft_accepted_pos_", "draft_n_src_", "draft_accepted_src_")):
             df[c] = df[c].fillna(0).astype(int)

@@ -254,7 +254,10 @@ def report(df, llama_rows, metas, a, ap):
                f"n_threads={info['threads']}, Python {info['python']}")
     for i, m in enumerate(metas):
         mi = m["machine"]
-        out.append(f"- part {i + 1} ({', '.join(m['categories'])}): `python {' '.join(m['argv'])}`; commit "
+        used = (f"ours used for {', '.join(m['ours_used']) or 'none'}; llama.cpp anchor used for "
+                f"{', '.join(m['anchor_used']) or 'none'}" if len(metas) > 1 else "")
+        out.append(f"- part {i + 1} ({', '.join(m['categories'])}{'; ' + used if used else ''}): "
+                   f"`python {' '.join(m['argv'])}`; commit "
                    f"`{m['commit']}`" + (" (uncommitted changes)" if mi.get("dirty") else "")
                    + f"; {mi['date']}; ours {m.get('ours_minutes', float('nan')):.1f} min, llama.cpp "
                    f"{m.get('llama_minutes', 0.0):.1f} min; load at start `{m['load_start']}`, at end "

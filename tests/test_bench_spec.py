@@ -65,11 +65,14 @@ def test_parts_merge_into_one_report_and_a_later_part_wins(tmp_path):
     df3, llama3, _ = load_category_runs([p1, p2, p3])
     assert set(df3[df3.category == "rag"].decode_tok_s) == {10.0, 40.0}
     assert len([r for r in llama3 if r["category"] == "rag"]) == 4
+    _, _, metas3 = load_category_runs([p1, p2, p3])
+    assert metas3[1]["ours_used"] == ["qa"] and metas3[1]["anchor_used"] == ["qa", "rag"]
+    assert metas3[2]["ours_used"] == ["rag"] and metas3[2]["anchor_used"] == []
     ap = type("AP", (), {"get_default": staticmethod(lambda k: "x")})
     args = type("A", (), {"quick": False, "out": str(tmp_path / "out.md")})
     out, verdicts = b.report(df, llama, metas, args, ap)
     text = "\n".join(out)
-    assert "part 1 (code_editing, qa)" in text and "part 2 (qa, rag)" in text
+    assert "part 1 (code_editing, qa; ours used for code_editing;" in text and "part 2 (qa, rag;" in text
     assert "| 1 | m | 11.0 (1.00) | 12.0 (1.09) |" in text and "| 2 | d | 5.0 (0.45) |" in text
     qa = next(line for line in out if line.startswith("| qa | 10.0 |"))
     assert "**3.00x**" in qa
