@@ -49,10 +49,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchutil as bu  # noqa: E402
 
 SCHEMA_DIR = os.path.join(bu.ROOT, "tests", "fixtures", "schemas")
-# realistic schemas: tool calls, API objects, nested records (18)
-SCHEMAS = ["address", "calendar_event", "chat_message", "code_interpreter_tool", "entities", "file_ops_tool",
-           "movie_review", "multi_tool_call", "nested_config", "openai_strict_function", "order_items",
-           "person", "product", "pydantic_invoice", "recipe", "search_tool", "send_email_tool", "weather_tool"]
+# every fixture schema with valid instances (tool calls, API objects, nested
+# records, patterns, formats, recursion: 67); --quick takes the first 3
+SCHEMAS = sorted(f[:-5] for f in os.listdir(SCHEMA_DIR)
+                 if f.endswith(".json") and os.path.exists(os.path.join(SCHEMA_DIR, "instances", f)))
 E2E_SCHEMAS = ["person", "movie_review", "calendar_event", "recipe"]
 
 

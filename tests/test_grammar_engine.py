@@ -155,3 +155,28 @@ def test_ambiguous_grammar_ends_with_a_clear_error(eng):
         eng.generate("x", grammar='root ::= "a" root | "a" root root | ""', max_tokens=400,
                      logit_bias={a[0]: 100.0})
     assert "Paris" in eng.generate("The capital of France is", max_tokens=12).text
+
+
+
+def test_greedy_under_a_grammar_is_the_argmax_of_the_allowed_logits(eng):
+    """Greedy rows under a grammar take the LM head's argmax when the mask
+    allows it (no pass over the vocabulary), the masked sampler otherwise:
+    either way each token is the first maximum of its row's logits over the
+    tokens the grammar allows there (rows from score(), which batch
+    invariance makes the rows the decode sampled from)."""
+    import numpy as np
+    schema = json.loads((Path(__file__).parent / "fixtures" / "schemas" / "person.json").read_text())
+    ids = _prompt(eng, schema)
+    out = eng.generate(ids, json_schema=schema, max_tokens=40)
+    assert len(out.tokens) > 5
+    sc = eng.score(ids + out.tokens, logits=True)
+    m = _engine.Grammar(eng.model, eng.convert_schema(schema).gbnf).matcher()
+    head_allowed = 0
+    for i, t in enumerate(out.tokens):
+        row = sc.logits[len(ids) - 1 + i]
+        allowed = m.fill_mask()
+        want = int(np.flatnonzero(row == row[allowed].max())[allowed[np.flatnonzero(row == row[allowed].max())]][0])
+        assert t == want, (i, t, want)
+        head_allowed += int(np.argmax(row)) == t
+        m.accept(t)
+    assert 0 < head_allowed < len(out.tokens), head_allowed  # both paths were taken

@@ -647,14 +647,18 @@ static int sample_row(cb_engine *e, int idx, int lr) {
         }
         mask = e->mask;
     }
-    /* Plain greedy rows (no grammar, bias, penalties or logprobs) take the
-     * token the LM head found as it wrote the row (cb_matmul_argmax): what
-     * cb_sample would give, except where it must decide itself (a +inf
-     * maximum, or no valid token). */
+    /* Plain greedy rows (no bias, penalties or logprobs) take the token the
+     * LM head found as it wrote the row (cb_matmul_argmax): what cb_sample
+     * would give, except where it must decide itself (a +inf maximum, or no
+     * valid token).  Under a grammar too when the mask allows that token:
+     * the lowest index of the maximum over all tokens is then also the
+     * lowest index of the maximum over the allowed ones. */
     const cb_ctx *c = &e->ctx;
     int rc;
-    if (!mask && cb_sample_is_argmax(&r->sp) && c->head_idx[lr] >= 0 && c->head_max[lr] != INFINITY) {
-        res.token = (int32_t)c->head_idx[lr];
+    int32_t head = (int32_t)c->head_idx[lr];
+    if (cb_sample_is_argmax(&r->sp) && head >= 0 && c->head_max[lr] != INFINITY &&
+        (!mask || (mask[head >> 5] >> (head & 31) & 1u))) {
+        res.token = head;
         res.logprob = NAN;
         res.n_top = 0;
         rc = CB_OK;
