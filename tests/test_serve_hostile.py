@@ -423,8 +423,8 @@ def test_conversion_worker_stopped_by_deadline_and_disconnect():
             pool.run(schema, timeout_s=30, gone=lambda: True)
         assert pool.killed == 2 and pool.n == 0
         # a fresh child converts exactly what the converter gives in-process
-        assert pool.run(schema, timeout_s=60) == schema_to_gbnf(schema)
-        assert pool.run({"type": "integer"}, timeout_s=60) == schema_to_gbnf({"type": "integer"})
+        assert pool.run(schema, timeout_s=60) == (schema_to_gbnf(schema), [])
+        assert pool.run({"type": "integer"}, timeout_s=60) == (schema_to_gbnf({"type": "integer"}), [])
         assert pool.n == 1 and pool.killed == 2
         with pytest.raises(convert.ConversionError):
             pool.run({"type": "nonsense"}, timeout_s=60)

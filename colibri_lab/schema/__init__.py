@@ -4,7 +4,8 @@
 grammar engine compiles it and masks tokens so that the output is a JSON text
 that validates against the schema.  `convert_schema(schema, lenient=...)`
 also says what lenient mode left out; `precheck(schema)` bounds the work on
-untrusted input (a server calls it before anything else).
+untrusted input with the limits in schema/limits.py, the one definition the
+Engine and the server's routes share (both call it before anything else).
 
 Policy
 ------
@@ -75,8 +76,8 @@ A schema that admits no value at all is an error too.
 """
 from ..errors import InvalidRequestError, SchemaError  # noqa: F401  (SchemaError re-exported)
 from .charset import UNICODE_SPACE, charset_expr  # noqa: F401
-from .convert import (Conversion, convert_schema, json_object_gbnf, json_value_gbnf, precheck,
-                      schema_to_gbnf)
+from .convert import Conversion, convert_schema, json_object_gbnf, json_value_gbnf, schema_to_gbnf
+from .limits import precheck
 from .gbnf import SPACE_RULE
 from .intrange import int_range_expr
 

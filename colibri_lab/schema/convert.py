@@ -15,6 +15,7 @@ from .formats import FORMAT_LENGTHS, FORMATS
 from .gbnf import (FRAC_DIGITS, PRIMITIVE_DEPS, PRIMITIVES, _group, _json_dumps, _lit,
                    _ptr_escape, _join, _rep)
 from .intrange import _nonneg_range, int_range_expr
+from .limits import MAX_SCHEMA_BYTES, precheck
 from .regex import _RegexParser, _regex_len, _regex_to_gbnf
 
 ALL_TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
@@ -1568,44 +1569,6 @@ class _Converter:
 
 # -- bad input: bounded work before anything is converted
 
-MAX_NODES = 100_000      # JSON values in the schema document
-MAX_DEPTH = 128          # nesting of JSON containers
-MAX_BRANCHES = 4096      # entries of one enum / anyOf / oneOf / allOf
-MAX_SCHEMA_BYTES = 4 << 20
-
-
-def precheck(schema) -> None:
-    """Cheap bounds on a JSON Schema (parsed value) before conversion: at most
-    MAX_NODES values, MAX_DEPTH levels, MAX_BRANCHES entries in any enum or
-    combinator.  Raises SchemaError; linear in the document, stops at the
-    first excess, never recurses (a server calls it on untrusted input)."""
-    stack = [(schema, 1)]
-    nodes = 0
-    while stack:
-        v, d = stack.pop()
-        nodes += 1
-        if nodes > MAX_NODES:
-            raise SchemaError("JSON Schema too large: more than %d values" % MAX_NODES)
-        if d > MAX_DEPTH:
-            raise SchemaError("JSON Schema nests too deeply: more than %d levels" % MAX_DEPTH)
-        if isinstance(v, dict):
-            for k, x in v.items():
-                if k in ("enum", "anyOf", "oneOf", "allOf", "prefixItems") and \
-                        isinstance(x, list) and len(x) > MAX_BRANCHES:
-                    raise SchemaError("JSON Schema too large: %r has %d entries (at most %d)"
-                                      % (k, len(x), MAX_BRANCHES))
-                if isinstance(x, (dict, list)):
-                    stack.append((x, d + 1))
-                else:
-                    nodes += 1
-        elif isinstance(v, list):
-            for x in v:
-                if isinstance(x, (dict, list)):
-                    stack.append((x, d + 1))
-                else:
-                    nodes += 1
-
-
 class Conversion:
     """A converted schema: `gbnf` (text, start rule `root`) and `ignored`,
     what lenient mode left unenforced ({keyword, path, reason} dicts; empty
@@ -1623,7 +1586,7 @@ class Conversion:
 def _parse(schema):
     if isinstance(schema, (str, bytes)):
         if len(schema) > MAX_SCHEMA_BYTES:
-            raise SchemaError("JSON Schema too large: more than %d bytes" % MAX_SCHEMA_BYTES)
+            raise SchemaError("JSON Schema too large: %d bytes serialized (at most %d)" % (len(schema), MAX_SCHEMA_BYTES))
         try:
             schema = json.loads(schema)
         except (ValueError, RecursionError) as exc:

@@ -7,7 +7,8 @@ output_config.format (json_schema -> grammar-constrained output; `effort`
 is accepted and ignored), thinking only as {"type": "disabled"}.  Accepted
 and ignored because they do not change the output here: metadata,
 service_tier, cache_control, inference_geo, speed, user_profile_id,
-workspace_id.  Extensions: grammar, speculative, conversation.  Content blocks: text, tool_use, tool_result
+workspace_id.  Extensions: grammar, speculative, conversation, lenient (as on
+chat completions: `schema_ignored`).  Content blocks: text, tool_use, tool_result
 (`cache_control` on a block is accepted and ignored).  Anything else is a 400
 naming it.
 """
@@ -23,13 +24,14 @@ from .grammars import schema_grammar
 from .ids import new_id
 from .tools import parse_tool_calls
 from .usage import timings
-from . import prep
+from . import convert, prep
 from .gen import ClientGone, Generation, Spec, drive, map_engine_error
 from .openai_api import ChoiceStream, check_model
 
 IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed", "user_profile_id", "workspace_id"}
 FIELDS = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
-          "top_k", "tools", "tool_choice", "output_config", "thinking", "grammar", "speculative", "conversation"}
+          "top_k", "tools", "tool_choice", "output_config", "thinking", "grammar", "speculative", "conversation",
+          "lenient"}
 _BLOCK_EXTRA = {"cache_control", "citations"}
 
 
@@ -189,6 +191,7 @@ def messages(ctx, data) -> None:
     srv, engine = ctx.srv, ctx.engine
     b = Body(data, FIELDS, IGNORED)
     model = check_model(srv, b)
+    convert.set_lenient(b.bool("lenient", False))
     if not b.has("max_tokens"):
         raise bad("max_tokens is required", param="max_tokens")
     mt = b.int("max_tokens", None, 1)
@@ -225,10 +228,12 @@ def messages(ctx, data) -> None:
                    for c in calls]
     else:
         content = [{"type": "text", "text": r.text}]
-    ctx.send_json(200, {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
-                        "stop_reason": _stop_reason(r.finish_reason, r.stop_sequence, calls),
-                        "stop_sequence": r.stop_sequence, "usage": _usage(r.metrics),
-                        "timings": timings(r.metrics)})
+    out = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
+           "stop_reason": _stop_reason(r.finish_reason, r.stop_sequence, calls),
+           "stop_sequence": r.stop_sequence, "usage": _usage(r.metrics), "timings": timings(r.metrics)}
+    if convert.ignored() is not None:
+        out["schema_ignored"] = convert.ignored()
+    ctx.send_json(200, out)
 
 
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}

@@ -11,7 +11,9 @@ there.  Past the deadline, or when the client has gone, the child is killed
 
 The HTTP layer binds the current request (`bind(gone, timeout_s)`) on its
 thread, so the API modules call `schema_to_gbnf(schema)` without passing the
-connection through every helper.
+connection through every helper.  The same binding carries the request's
+`lenient` flag (`set_lenient`, from the body) and collects what lenient
+conversions left out (`ignored()`, reported in the response).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import multiprocessing as mp
 import threading
 import time
 
-__all__ = ["schema_to_gbnf", "bind", "unbind", "ConversionError", "ConversionTimeout", "ClientLeft"]
+__all__ = ["schema_to_gbnf", "bind", "unbind", "set_lenient", "ignored", "ConversionError", "ConversionTimeout",
+           "ClientLeft"]
 
 POLL_S = 0.05
 
@@ -45,21 +48,37 @@ _local = threading.local()
 
 def bind(gone, timeout_s: float) -> None:
     _local.gone, _local.timeout_s = gone, timeout_s
+    _local.lenient, _local.ignored = False, []
 
 
 def unbind() -> None:
     _local.gone = _local.timeout_s = None
+    _local.lenient, _local.ignored = False, []
+
+
+def set_lenient(flag: bool) -> None:
+    """The bound request's `lenient`: its schemas leave out what cannot be
+    enforced (as Engine(lenient=True) does) instead of being refused."""
+    _local.lenient = bool(flag)
+
+
+def ignored():
+    """What the bound request's lenient conversions left out ({keyword, path,
+    reason}, as Engine.generate's schema_ignored), or None when it did not ask
+    for lenient."""
+    return list(getattr(_local, "ignored", [])) if getattr(_local, "lenient", False) else None
 
 
 def _child(conn) -> None:
-    from colibri_lab.schema import schema_to_gbnf as convert
+    from colibri_lab.schema import convert_schema as convert
     while True:
         try:
-            schema = conn.recv()
-        except (EOFError, OSError):
+            schema, lenient = conn.recv()
+        except (EOFError, OSError, TypeError, ValueError):
             return
         try:
-            out = ("ok", convert(schema))
+            conv = convert(schema, lenient=lenient)
+            out = ("ok", conv.gbnf, conv.ignored)
         except RecursionError:
             out = ("err", "SchemaError", "the schema nests too deeply to convert")
         except Exception as e:  # reported to the request as a 400 naming the schema
@@ -127,11 +146,12 @@ class Pool:
             self.killed += 1
             self.cv.notify()
 
-    def run(self, schema, timeout_s: float, gone=None) -> str:
+    def run(self, schema, timeout_s: float, gone=None, lenient: bool = False):
+        """(GBNF, what lenient mode left out)."""
         deadline = time.monotonic() + timeout_s
         w = self._get(deadline)
         try:
-            w.conn.send(schema)
+            w.conn.send((schema, bool(lenient)))
             while not w.conn.poll(POLL_S):
                 if not w.proc.is_alive():
                     raise ConversionError("ConverterDied", "the schema converter exited")
@@ -146,7 +166,7 @@ class Pool:
             raise
         self._put(w)
         if res[0] == "ok":
-            return res[1]
+            return res[1], res[2]
         raise ConversionError(res[1], res[2])
 
     def close(self) -> None:
@@ -171,7 +191,12 @@ def pool() -> Pool:
 
 def schema_to_gbnf(schema, ctx=None) -> str:
     """Convert in a child process, bounded by the bound request's deadline and
-    stopped if its client leaves (unbound callers get DEFAULT_TIMEOUT_S)."""
+    stopped if its client leaves (unbound callers get DEFAULT_TIMEOUT_S);
+    lenient as the bound request asked, what it left out kept for ignored()."""
     gone = getattr(_local, "gone", None)
     timeout = getattr(_local, "timeout_s", None) or DEFAULT_TIMEOUT_S
-    return pool().run(schema, timeout, gone)
+    lenient = getattr(_local, "lenient", False)
+    gbnf, left_out = pool().run(schema, timeout, gone, lenient)
+    if lenient:
+        _local.ignored.extend(left_out)
+    return gbnf

@@ -5,7 +5,6 @@ Standard library plus colibri_lab only.
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -17,37 +16,14 @@ from .errors import bad
 
 
 def check_schema_limits(schema: Any, param: str) -> None:
-    """Refuse, before any conversion runs, a schema larger than the server
-    converts (limits.py): conversion cost grows faster than linearly in enum
-    and alternative counts, so a 4 MiB body could otherwise buy minutes of CPU."""
-    from . import limits as L
-    size = len(json.dumps(schema, ensure_ascii=False))
-    if size > L.MAX_SCHEMA_BYTES:
-        raise bad(f"{param}: the schema is {size} bytes; the limit is {L.MAX_SCHEMA_BYTES}", param=param,
-                  code="schema_too_large")
-    nodes = 0
-    stack = [(schema, "", 0)]
-    while stack:
-        v, ptr, depth = stack.pop()
-        nodes += 1
-        if nodes > L.MAX_SCHEMA_NODES:
-            raise bad(f"{param}: the schema has more than {L.MAX_SCHEMA_NODES} values", param=param,
-                      code="schema_too_large")
-        if depth > L.MAX_SCHEMA_DEPTH:
-            raise bad(f"{param}: the schema nests deeper than {L.MAX_SCHEMA_DEPTH} levels (at {ptr or '/'})",
-                      param=param, code="schema_too_large")
-        if isinstance(v, dict):
-            for key, limit, what in (("enum", L.MAX_ENUM, "values"), ("anyOf", L.MAX_ALTERNATIVES, "alternatives"),
-                                     ("oneOf", L.MAX_ALTERNATIVES, "alternatives"),
-                                     ("allOf", L.MAX_ALTERNATIVES, "subschemas"),
-                                     ("prefixItems", L.MAX_ALTERNATIVES, "items")):
-                x = v.get(key)
-                if isinstance(x, list) and len(x) > limit:
-                    raise bad(f"{param}: {key} at {ptr or '/'} has {len(x)} {what}; the limit is {limit}",
-                              param=param, code="schema_too_large")
-            stack.extend((x, f"{ptr}/{k}", depth + 1) for k, x in v.items())
-        elif isinstance(v, list):
-            stack.extend((x, f"{ptr}/{i}", depth + 1) for i, x in enumerate(v))
+    """Refuse, before any conversion runs, a schema beyond
+    colibri_lab.schema.limits (the Engine's bounds too, with the same
+    message): conversion cost grows faster than linearly in enum and
+    alternative counts, so a 4 MiB body could otherwise buy minutes of CPU."""
+    try:
+        json_schema.precheck(schema)
+    except json_schema.SchemaError as e:
+        raise bad(f"{param}: {e}", param=param, code="schema_too_large") from None
 
 
 def schema_grammar(engine, schema: Any, param: str, ctx=None) -> str:

@@ -384,7 +384,10 @@ class Handler(BaseHTTPRequestHandler):
         if self._cors:
             self.send_header("Access-Control-Allow-Origin", self._cors)
             self.send_header("Vary", "Origin")
-            self.send_header("Access-Control-Expose-Headers", "x-request-id, retry-after")
+            self.send_header("Access-Control-Expose-Headers", "x-request-id, retry-after, x-schema-ignored")
+        ign = convert.ignored()
+        if ign is not None:  # a lenient request: what its schemas left out (the body has it too, unless streamed)
+            self.send_header("x-schema-ignored", json.dumps(ign))
 
     def _send_json(self, status: int, obj, headers=None) -> None:
         self.send_text(status, json.dumps(obj, ensure_ascii=False), "application/json", headers)

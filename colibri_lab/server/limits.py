@@ -3,7 +3,8 @@
 `Limits` holds the connection and request limits the command line can change
 (`python -m colibri_lab.serve --help` lists them with these defaults); the
 module constants bound what a request body may ask the server to build
-(JSON Schemas, GBNF grammars) and are checked before any conversion runs.
+(JSON Schemas, GBNF grammars) and are checked before any conversion runs;
+the JSON Schema ones are colibri_lab.schema.limits', shared with the Engine.
 """
 from __future__ import annotations
 
@@ -31,12 +32,10 @@ class Limits:
 
 
 # what one JSON Schema may contain (response_format, tools' parameters,
-# output_config.format, text.format); counted before conversion
-MAX_SCHEMA_BYTES = 256 << 10      # the schema serialized as JSON
-MAX_SCHEMA_NODES = 20000          # JSON values in it
-MAX_SCHEMA_DEPTH = 64             # nesting of objects / arrays
-MAX_ENUM = 1024                   # values in one enum (each becomes a grammar alternative)
-MAX_ALTERNATIVES = 256            # subschemas in one anyOf / oneOf / allOf / prefixItems
+# output_config.format, text.format): defined with the converter, which
+# Engine(json_schema=...) runs too, so both refuse the same schemas alike
+from colibri_lab.schema.limits import (MAX_ALTERNATIVES, MAX_ENUM, MAX_SCHEMA_BYTES,  # noqa: E402,F401
+                                       MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES)
 MAX_TOOLS = 128                   # tools in one request
 # a GBNF grammar sent as text (the `grammar` extension)
 MAX_GRAMMAR_BYTES = 256 << 10

@@ -3,11 +3,14 @@
 Accepted fields are an explicit allowlist per endpoint; `user`, `metadata`
 and `store` are accepted and ignored (they do not change the output); any
 other field is a 400 naming it.  Extensions: top_k, min_p, repeat_penalty,
-grammar (GBNF), speculative (object), conversation (slot-pinning key).
+grammar (GBNF), speculative (object), conversation (slot-pinning key); on chat
+completions also lenient (JSON Schemas leave out what cannot be enforced,
+reported as `schema_ignored`; see convert.ignored).
 """
 from __future__ import annotations
 
 from .body import Body, check_keys, stop_list
+from . import convert
 from .errors import ApiError, bad, safe_text
 from .grammars import response_format_grammar
 from .ids import new_id, now
@@ -21,7 +24,7 @@ EXTENSIONS = {"top_k", "min_p", "repeat_penalty", "grammar", "speculative", "con
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
                "stream", "stream_options", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
                "logprobs", "top_logprobs", "seed", "response_format", "tools", "tool_choice",
-               "parallel_tool_calls"} | EXTENSIONS
+               "parallel_tool_calls", "lenient"} | EXTENSIONS
 COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
                      "stop", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "echo", "seed",
                      "suffix", "best_of"} | EXTENSIONS
@@ -238,6 +241,7 @@ def chat_completions(ctx, data) -> None:
     srv, engine = ctx.srv, ctx.engine
     b = Body(data, CHAT_FIELDS, IGNORED)
     model = check_model(srv, b)
+    convert.set_lenient(b.bool("lenient", False))
     messages = _messages(b)
     stream = b.bool("stream", False)
     include_usage = _stream_opts(b, stream)
@@ -288,9 +292,12 @@ def chat_completions(ctx, data) -> None:
                               for t, (l, top) in zip(r.tokens, r.logprobs)], "refusal": None}
         choices.append({"index": r.index, "message": msg, "logprobs": lp,
                         "finish_reason": "tool_calls" if calls else FINISH.get(r.finish_reason, "stop")})
-    ctx.send_json(200, {"id": rid, "object": "chat.completion", "created": now(), "model": model,
-                        "system_fingerprint": srv.fingerprint, "choices": choices, "usage": _usage(results),
-                        "timings": timings(results[0].metrics)})
+    out = {"id": rid, "object": "chat.completion", "created": now(), "model": model,
+           "system_fingerprint": srv.fingerprint, "choices": choices, "usage": _usage(results),
+           "timings": timings(results[0].metrics)}
+    if convert.ignored() is not None:
+        out["schema_ignored"] = convert.ignored()
+    ctx.send_json(200, out)
 
 
 def _json(obj) -> str:

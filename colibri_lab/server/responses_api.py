@@ -9,7 +9,8 @@ parallel_tool_calls, text.format (text, json_object, json_schema ->
 grammar-constrained output), stream, store (responses are never stored here,
 so previous_response_id is refused), truncation "disabled", metadata (echoed).
 Extensions as on chat completions: top_k, min_p, repeat_penalty, seed,
-speculative, conversation.  Anything else is a 400 naming it.
+speculative, conversation, lenient (`schema_ignored`).  Anything else is a
+400 naming it.
 
 A stream is the event sequence OpenAI sends: response.created,
 response.in_progress, then per output item response.output_item.added,
@@ -32,7 +33,7 @@ from .grammars import json_object_grammar, schema_grammar
 from .ids import new_id, now
 from .tools import parse_tool_calls
 from .usage import timings
-from . import prep
+from . import convert, prep
 from .gen import ClientGone, Generation, Spec, drive, map_engine_error
 from .openai_api import ChoiceStream, check_model
 
@@ -40,7 +41,7 @@ IGNORED = {"user", "service_tier", "safety_identifier", "prompt_cache_key"}
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
           "parallel_tool_calls", "text", "stream", "store", "metadata", "truncation", "previous_response_id",
           "include", "reasoning", "top_logprobs", "max_tool_calls", "background",
-          "top_k", "min_p", "repeat_penalty", "seed", "speculative", "conversation"}
+          "top_k", "min_p", "repeat_penalty", "seed", "speculative", "conversation", "lenient"}
 _PART_TEXT = {"user": "input_text", "system": "input_text", "developer": "input_text", "assistant": "output_text"}
 _ITEM_EXTRA = {"id", "status"}
 
@@ -220,6 +221,7 @@ def responses(ctx, data) -> None:
     srv, engine = ctx.srv, ctx.engine
     b = Body(data, FIELDS, IGNORED)
     model = check_model(srv, b)
+    convert.set_lenient(b.bool("lenient", False))
     if b.has("previous_response_id"):
         raise bad("previous_response_id is not supported: this server does not store responses (send the "
                   "conversation in input)", param="previous_response_id")
@@ -268,7 +270,10 @@ def responses(ctx, data) -> None:
         return _stream(ctx, gen, rid, created, req)
     r = gen.collect(ctx.gone)[0]
     output = _output_items(r.text, tm)
-    ctx.send_json(200, _response(rid, created, req, output, r.metrics, r.finish_reason))
+    out = _response(rid, created, req, output, r.metrics, r.finish_reason)
+    if convert.ignored() is not None:
+        out["schema_ignored"] = convert.ignored()
+    ctx.send_json(200, out)
 
 
 def _output_items(text: str, tm) -> list[dict]:
