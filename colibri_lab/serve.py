@@ -54,8 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="compute threads (0 = all cores)")
     p.add_argument("--simd", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
     p.add_argument("--chunk", type=int, default=0,
-                   help="prompt tokens one request adds to a step (0 = the whole batch, 512): a smaller chunk "
-                        "spreads a prompt over several steps, so the streams decoding next to it wait less")
+                   help="prompt rows, all prompts together, of a step in which other requests decode (0 = the "
+                        "whole batch, 512): prompts are then spread over several steps, so the decoding streams "
+                        "wait less between tokens; a step with nothing decoding prefills at full width")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429 (default 256)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' = any)")

@@ -235,3 +235,30 @@ def test_step_profile_is_consistent(model):
         parts = s["matmul_ms"] + s["attention_ms"] + s["lm_head_ms"] + s["sampling_ms"] + s["other_ms"]
         assert parts <= s["step_ms"] + 1e-6
     assert seen >= 4
+
+
+def test_n_chunk_bounds_the_prompt_rows_of_steps_with_decoding(model):
+    """n_chunk is the prompt rows of a step in which requests decode, all prompts together; a step with
+    nothing decoding prefills at full width.  The logits stay those of a lone run (batch invariance)."""
+    n_vocab = model.n_vocab
+    first, a, b = _prompts(3, n_vocab, 20, 21, seed=21)
+    core = _engine.Engine(model, n_slots=4, n_ctx=128, n_threads=1, n_chunk=5)
+    core.submit(first, max_tokens=40, ignore_eos=True)
+    core.step()
+    assert core.last_step()["rows_prefill"] == 20          # nothing decoded yet: the whole prompt in one step
+    core.step()
+    assert core.last_step()["rows_decode"] == 1
+    ids = [core.submit(p, max_tokens=2, ignore_eos=True, return_logits=True) for p in (a, b)]
+    rows, logits = [], {i: [] for i in ids}
+    while any(not logits[i] for i in ids):
+        for ev in core.step():
+            if ev["type"] == "token" and ev["id"] in logits:
+                logits[ev["id"]].append(ev["logits"])
+        st = core.last_step()
+        assert st["rows_decode"] >= 1 and st["rows_prefill"] <= 5, st   # 5 prompt rows in all, not 5 each
+        rows.append(st["rows_prefill"])
+    assert sum(rows) == 40 and rows[:4] == [5, 5, 5, 5]
+    alone = _engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1)
+    for i, p in zip(ids, (a, b)):
+        ref = run_requests(alone, [(p, dict(max_tokens=2, ignore_eos=True))])[0]
+        assert np.array_equal(ref["logits"][0], logits[i][0])

@@ -8,7 +8,8 @@
  *      recently used on ties), reusing that prefix and optionally copying a
  *      longer one from another slot;
  *   3. builds ONE batch: a decode row for every running request, then prefill
- *      chunks (at most n_chunk rows per request) while the batch has room;
+ *      chunks while the batch has room (at most n_chunk prompt rows in all
+ *      when some request decodes in the step);
  *   4. runs the forward and samples every row that ends a prompt or decodes.
  */
 #include "bpe.h"
@@ -947,13 +948,19 @@ static void batch_decode_rows(cb_engine *e, step_rows *s) {
 /* 3c. prefill chunks, in admission order, while the batch has room */
 static void batch_prefill_chunks(cb_engine *e, step_rows *s, int n_prefilling) {
     int later = n_prefilling;  /* prefilling requests from here on, each may need a row for its last token */
-    for (int k = 0; k < e->n_order && s->n < e->params.n_batch; k++) {
+    /* n_chunk is the prompt rows of a step in which requests decode, all
+     * prompts together in admission order: it keeps the decoding streams'
+     * gap between tokens near a decode step's however many prompts arrive at
+     * once.  A step in which nothing decodes stalls no stream, so its prompts
+     * take every row the batch has (a lone prompt is not spread over steps). */
+    int budget = s->rows_decode > 0 ? e->params.n_chunk : e->params.n_batch;
+    for (int k = 0; k < e->n_order && s->n < e->params.n_batch && budget > 0; k++) {
         int idx = e->order[k];
         cb_request *r = &e->reqs[idx];
         if (r->state != RQ_PREFILL) continue;
         later--;
         int left = r->n_prompt - r->n_prompt_done;
-        int chunk = left < e->params.n_chunk ? left : e->params.n_chunk;
+        int chunk = left < budget ? left : budget;
         if (chunk > e->params.n_batch - s->n) chunk = e->params.n_batch - s->n;
         cb_slot *sl = &e->slots[r->slot];
         r->score_lr0 = s->n_logit;
@@ -984,6 +991,7 @@ static void batch_prefill_chunks(cb_engine *e, step_rows *s, int n_prefilling) {
             s->n++;
         }
         s->rows_prefill += j;
+        budget -= j;
     }
 }
 
