@@ -168,6 +168,82 @@ static int classify_classes(cb_grammar *g) {
     return CB_OK;
 }
 
+/* Can some text token of the vocabulary begin a code point terminal e
+ * admits?  lead[b]: some token starts with byte b.  A lead byte stands for
+ * the code points whose UTF-8 form starts with it. */
+static int term_writable(const cb_grammar *g, const gelem *e, const uint8_t *lead) {
+    if (e->type == GE_CHAR) {
+        uint32_t c = e->value;
+        uint8_t b = c < 0x80 ? (uint8_t)c : c < 0x800 ? (uint8_t)(0xC0 | c >> 6) : c < 0x10000 ? (uint8_t)(0xE0 | c >> 12)
+                  : (uint8_t)(0xF0 | c >> 18);
+        return lead[b];
+    }
+    for (uint32_t r = g->cls_off[e->value]; r < g->cls_off[e->value + 1]; r++) {
+        uint32_t lo = g->rng[2 * r], hi = g->rng[2 * r + 1];
+        for (int b = 0; b < 0xF5; b++) {
+            if (!lead[b] || (b >= 0x80 && b < 0xC2)) continue;
+            uint32_t a = b < 0x80 ? (uint32_t)b : b < 0xE0 ? (uint32_t)(b & 0x1F) << 6 : b < 0xF0 ? (uint32_t)(b & 0x0F) << 12
+                       : (uint32_t)(b & 0x07) << 18;
+            uint32_t z = b < 0x80 ? a : b < 0xE0 ? a | 0x3F : b < 0xF0 ? a | 0xFFF : a | 0x3FFFF;
+            if (a <= hi && z >= lo) return 1;
+        }
+    }
+    return 0;
+}
+
+/* Dead ends the vocabulary would cause: a terminal no token can begin
+ * (a vocabulary without byte tokens lacks some lead bytes; byte-level BPE
+ * vocabularies have all, and skip this).  Such alternatives are dropped as
+ * the parser drops unproductive ones, with the same fixpoint, so the
+ * matcher never enters them; a root left with none is an error naming a
+ * terminal that cannot be written. */
+static int prune_unwritable(cb_grammar *g, char *err, size_t err_len) {
+    uint8_t lead[256] = {0};
+    const gtrie *tr = &g->v->all;
+    for (uint32_t i = 0; i < tr->n_nodes; i = tr->end[i]) lead[tr->byte[i]] = 1;
+    int all = 1;
+    for (int b = 0; b < 0xF5; b++) if (!(b >= 0x80 && b < 0xC2) && !lead[b]) all = 0;
+    if (all) return CB_OK;
+    uint32_t R = g->n_rules, A = g->alt_off[R];
+    uint8_t *prod = calloc((size_t)R + 1, 1), *alt_ok = calloc((size_t)A + 1, 1);
+    if (!prod || !alt_ok) { free(prod); free(alt_ok); snprintf(err, err_len, "out of memory compiling the grammar"); return CB_ERR_NOMEM; }
+    uint32_t bad_cp = UINT32_MAX;
+    for (int changed = 1; changed; ) {
+        changed = 0;
+        for (uint32_t r = 0; r < R; r++)
+            for (uint32_t a = g->alt_off[r]; a < g->alt_off[r + 1]; a++) {
+                if (alt_ok[a]) continue;
+                int ok = 1;
+                for (uint32_t p = g->alt_pos[a]; ok && !is_eos(&g->el[p]); p++) {
+                    const gelem *e = &g->el[p];
+                    if (e->type == GE_REF) ok = prod[e->value];
+                    else if (!term_writable(g, e, lead)) {
+                        ok = 0;
+                        if (bad_cp == UINT32_MAX) bad_cp = e->type == GE_CHAR ? e->value : g->rng[2 * g->cls_off[e->value]];
+                    }
+                }
+                if (ok) { alt_ok[a] = 1; changed |= !prod[r]; prod[r] = 1; }
+            }
+    }
+    int rc = CB_OK;
+    if (!prod[g->root]) {
+        snprintf(err, err_len, "no output of this vocabulary matches the grammar: no token can begin U+%04X, "
+                 "which every way through 'root' needs", bad_cp == UINT32_MAX ? 0 : bad_cp);
+        rc = CB_ERR_FORMAT;
+    } else {
+        uint32_t n = 0;  /* keep the writable alternatives, in place */
+        for (uint32_t r = 0; r < R; r++) {
+            uint32_t a0 = g->alt_off[r], a1 = g->alt_off[r + 1];
+            g->alt_off[r] = n;
+            for (uint32_t a = a0; a < a1; a++) if (alt_ok[a]) g->alt_pos[n++] = g->alt_pos[a];
+        }
+        g->alt_off[R] = n;
+    }
+    free(prod);
+    free(alt_ok);
+    return rc;
+}
+
 void cb_grammar_free(cb_grammar *g) {
     if (!g) return;
     free(g->el); free(g->alt_off); free(g->alt_pos); free(g->rng); free(g->cls_off); free(g->cls_ascii); free(g->cls_high);
@@ -189,6 +265,8 @@ static int compile(const gvocab *v, gvocab *own, const char *text, size_t len,
     g->own_v = own;
     g->n_vocab = v->n_vocab;
     int rc = grammar_parse_into(g, text, len, err, err_len);
+    if (rc) goto fail;
+    rc = prune_unwritable(g, err, err_len);
     if (rc) goto fail;
     rc = compute_min_lengths(g);
     if (!rc) rc = classify_classes(g);

@@ -383,6 +383,43 @@ static void test_masks(void) {
 
 /* ------------------------------------------------------------ rollback, forced, dead ends */
 
+/* A vocabulary without byte tokens that lacks the lead byte of 'é' (0xC3):
+ * a grammar every way through which needs 'é' is refused at compile time,
+ * naming it; one with another way keeps only that way, so no mask is ever
+ * empty (no dead end mid-generation). */
+static void test_unwritable_terminals(void) {
+    static const char *toks[] = {"a", "b", "ab", "x", "\xe6\x97\xa5" /* 日 */};
+    uint8_t bytes[64];
+    uint32_t off[6] = {0};
+    int n = 5;
+    for (int i = 0; i < n; i++) {
+        size_t k = strlen(toks[i]);
+        memcpy(bytes + off[i], toks[i], k);
+        off[i + 1] = off[i] + (uint32_t)k;
+    }
+    cb_vocab_view v = { n, bytes, off, NULL, NULL };
+    cb_grammar *g = NULL;
+    char err[256];
+    const char *need = "root ::= \"a\" \"\xc3\xa9\"";
+    int rc = cb_grammar_compile_vocab(&v, need, strlen(need), &g, err, sizeof err);
+    CHECK_MSG(rc == CB_ERR_FORMAT && !g && strstr(err, "U+00E9"), "rc %d: %s", rc, err);
+    const char *either = "root ::= \"a\" (\"\xc3\xa9\" | \"b\" | [\xc3\xa0-\xc3\xbf]) \"x\"*";
+    rc = cb_grammar_compile_vocab(&v, either, strlen(either), &g, err, sizeof err);
+    CHECK_MSG(rc == CB_OK && g, "rc %d: %s", rc, err);
+    if (!g) return;
+    cb_matcher *m;
+    uint32_t mask[1];
+    CHECK(cb_matcher_new(g, &m) == CB_OK);
+    CHECK(cb_matcher_fill_mask(m, mask) == 2 && mask[0] == (1u << 0 | 1u << 2));  /* "a", "ab" */
+    CHECK(cb_matcher_accept(m, 0) == CB_OK);
+    CHECK(cb_matcher_fill_mask(m, mask) == 1 && mask[0] == 1u << 1);            /* "b" only */
+    CHECK(cb_matcher_accept(m, 1) == CB_OK && cb_matcher_is_accepting(m));
+    cb_matcher_free(m);
+    cb_grammar_free(g);
+    /* a vocabulary with every lead byte (the byte-level ones) is not touched:
+     * the main vocabulary has all 256 bytes, and 'é' grammars compile there (test_masks) */
+}
+
 static void test_rollback_forced(void) {
     cb_grammar *g = compile_ok("root ::= \"{\\\"name\\\": \\\"\" [a-z]+ \"\\\"}\"");
     if (!g) return;
@@ -447,7 +484,10 @@ static void test_rollback_forced(void) {
     cb_matcher_free(m);
     cb_grammar_free(g);
 
-    /* dead end: a vocabulary without the byte the grammar needs */
+    /* dead ends from the vocabulary: a byte the grammar needs that no token
+     * starts is found at compile time; one no token continues is found when
+     * the mask comes out empty (0: the engine ends the request with an error
+     * naming the dead end) */
     {
         static uint8_t b2[] = "ab<e>";
         static uint32_t o2[] = {0, 1, 2, 5};
@@ -455,12 +495,20 @@ static void test_rollback_forced(void) {
         cb_vocab_view v = {3, b2, o2, t2, e2};
         char err[128];
         cb_grammar *g2 = NULL;
-        CHECK(cb_grammar_compile_vocab(&v, "root ::= \"a\" \"z\"", 16, &g2, err, sizeof err) == CB_OK);
+        CHECK(cb_grammar_compile_vocab(&v, "root ::= \"a\" \"z\"", 16, &g2, err, sizeof err) == CB_ERR_FORMAT);
+        CHECK(!g2 && strstr(err, "U+007A"));
+        static uint8_t b3[] = "a\xc3<e>";
+        static uint32_t o3[] = {0, 1, 2, 5};
+        cb_vocab_view v3 = {3, b3, o3, t2, e2};
+        const char *ae = "root ::= \"a\" \"\xc3\xa9\"";
+        CHECK(cb_grammar_compile_vocab(&v3, ae, strlen(ae), &g2, err, sizeof err) == CB_OK);
         CHECK(cb_matcher_new(g2, &m) == CB_OK);
         uint32_t mask[1];
         CHECK(cb_matcher_fill_mask(m, mask) == 1 && mask[0] == 1u);
         CHECK(cb_matcher_accept(m, 0) == CB_OK);
-        CHECK(cb_matcher_fill_mask(m, mask) == 0 && mask[0] == 0);
+        CHECK(cb_matcher_fill_mask(m, mask) == 1 && mask[0] == 2u);  /* the lead byte: it may continue */
+        CHECK(cb_matcher_accept(m, 1) == CB_OK);
+        CHECK(cb_matcher_fill_mask(m, mask) == 0 && mask[0] == 0);   /* nothing writes 0xA9 */
         CHECK(cb_matcher_accept(m, 2) == CB_ERR_ARG);
         cb_matcher_free(m);
         cb_grammar_free(g2);
@@ -1035,6 +1083,7 @@ int main(void) {
     test_languages();
     test_masks();
     test_rollback_forced();
+    test_unwritable_terminals();
     test_bounds();
     test_min_completion();
     test_budgets();
