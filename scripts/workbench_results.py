@@ -86,6 +86,24 @@ def latest_runs(root: Path) -> list[Path]:
 
 # Facts about a run that its files cannot say (keyed by the run's folder name).
 NOTES = {
+    "20261202-000146": "Commit 3242360 is b5042fc before it was rebased onto main (the same engine and experiments "
+                       "code). Run before share_scheduling_group: the notebook's kernel had a nice-0 scheduling group "
+                       "of its own beside other sessions' nice-19 builds, so absolute times are slower than the "
+                       "later runs'; the paired ratios are the result.",
+    "20261202-000307": "Commit 3242360 is b5042fc before it was rebased onto main (the same engine and experiments "
+                       "code). Run before share_scheduling_group (see the prefix run of the same hour): absolute "
+                       "times are slower than the later runs'.",
+    "20261201-235751": "Run while the notebooks' parameter cells were being edited (the dirty flag): the code it ran "
+                       "is 0c7244c's. Run before share_scheduling_group: absolute times are slower than the later "
+                       "runs'.",
+    "20261202-001540": "`colibri-lab run` took the package of the worktree (fd60775 plus the uncommitted "
+                       "share_scheduling_group change to experiments/servers.py, which this experiment does not "
+                       "use): the dirty flag. The engine is 25d2856's.",
+    "20261202-004636": "Two requests of every 0.25 req/s block were never sent: their Poisson arrival times fell "
+                       "after the block's 60 s deadline (block_timeout_s), for every server alike, and the SLO rule "
+                       "counts them as failures, so no server has a rate meeting the SLO. The spec now gives blocks "
+                       "120 s. Ours ran at default flags and at --chunk 4, when n_chunk still capped each prompt "
+                       "on its own (4 rows per prompt per step, whatever the others).",
     "20261201-215850": "This run's notebook stated its gap-table claim over every request; the gaps of failed "
                        "requests are left out by design (as vLLM does), so the claim read 'does not hold' for a "
                        "counting reason. The notebook now states it over answered requests; the data are unchanged.",
