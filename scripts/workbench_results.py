@@ -101,8 +101,9 @@ NOTES = {
                        "use): the dirty flag. The engine is 25d2856's.",
     "20261202-004636": "Two requests of every 0.25 req/s block were never sent: their Poisson arrival times fell "
                        "after the block's 60 s deadline (block_timeout_s), for every server alike, and the SLO rule "
-                       "counts them as failures, so no server has a rate meeting the SLO. The spec now gives blocks "
-                       "120 s. Ours ran at default flags and at --chunk 4, when n_chunk still capped each prompt "
+                       "counts them as failures, so no server has a rate meeting the SLO (and the claims that every "
+                       "request was answered and counted by /metrics read 'does not hold' for the same reason; "
+                       "`sustained` at that rate is 0 for the same reason). The spec now gives blocks 120 s. Ours ran at default flags and at --chunk 4, when n_chunk still capped each prompt "
                        "on its own (4 rows per prompt per step, whatever the others).",
     "20261201-215850": "This run's notebook stated its gap-table claim over every request; the gaps of failed "
                        "requests are left out by design (as vLLM does), so the claim read 'does not hold' for a "
