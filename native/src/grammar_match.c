@@ -747,7 +747,8 @@ static int state_atoms(const cb_matcher *m, uint16_t sid, patom *out, int *rep, 
  * that skips the subtrees whose plain tokens were all set here (*skip).
  * Returns 1 and sets the plain tokens into mask (count and *hi updated)
  * when it applies, 0 when it does not (S_0 is not split into atoms, its
- * chosen atom dies, or it covers few tokens), or a negative status. */
+ * chosen atom dies, covers few tokens, or the chain dies after S_1), or a
+ * negative status. */
 static int plain_mask(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *hi, int *count, pskip *skip) {
     const gvocab *v = m->g->v;
     if (!v->n_plain) return 0;
@@ -796,6 +797,10 @@ static int plain_mask(cb_matcher *m, uint32_t *mask, uint32_t budget, uint32_t *
         alive = l;
     }
     m->walk_n = 0;
+    /* A chain that dies after one code point sets only one-code-point tokens:
+     * the walk finds them as cheaply (the state dies a byte later), while the
+     * rows cost a pass over the whole mask. */
+    if (alive < 2) return 0;
     const uint32_t *mcs = m->pool[m->cur_pool].mc;
     uint32_t nw = v->n_words;
     int all_in = 1;
