@@ -66,7 +66,10 @@ def test_type_table():
 @pytest.mark.parametrize("simd", SIMD)
 @pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["quantized", "random"])
-@pytest.mark.parametrize("n_out,n_in,n_rows", [(40, 256, 1), (37, 1024, 5), (8, 512, 9), (50, 8960, 10)])
+# 37 rows: the AVX-512 panel kernels unpack each panel once per row block
+# (>= 16 rows) and run pairs of panels (40 outputs: a pair and a masked one)
+# over 4-row tiles, 3 super-blocks: a chunk of 2 and one of 1
+@pytest.mark.parametrize("n_out,n_in,n_rows", [(40, 256, 1), (37, 1024, 5), (8, 512, 9), (50, 8960, 10), (40, 768, 37)])
 def test_matmul_matches_dequantize(simd, qtype, kind, n_out, n_in, n_rows):
     _need(simd)
     rng = np.random.default_rng(n_out * 1000 + n_in + int(qtype) + (7 if kind == "random" else 0))
@@ -116,7 +119,10 @@ def test_simd_levels_agree(qtype):
 def test_batch_and_threads_bit_identical(simd, qtype):
     _need(simd)
     rng = np.random.default_rng(9)
-    n_out, n_in, n_rows = 70, 512, 11
+    # 37 rows: alone, a row takes the AVX-512 per-tile path; together, the
+    # unpacked-panel path (pairs of panels, 4-row tiles, chunk tails): the
+    # two must agree bit for bit, as must every split over threads
+    n_out, n_in, n_rows = 70, 768, 37
     raw, _ = _weights(qtype, n_out, n_in, rng, "quantized")
     x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
     alone = np.stack([_engine.kernel_matmul(int(qtype), raw, n_out, n_in, x[r:r + 1], simd, 1)[0]

@@ -15,7 +15,11 @@
  * is the fraction of the memory-bound limit the kernel reaches on this
  * machine, and CPU time keeps it meaningful when other processes share the
  * cores (wall time does not).  A small n_out and MB (e.g. 1 896 1) keep the
- * weights in cache: the kernel's compute throughput alone.
+ * weights in cache: the kernel's compute throughput alone.  Env:
+ * CB_BENCH_SIMD=0/1/2 forces a level, CB_BENCH_UNPACKED=1 the file layout
+ * (row kernels), CB_BENCH_PREQ=1 quantizes the activations once outside the
+ * timing and calls the kernel directly (the kernel without cb_matmul's
+ * quantization).  GOP/s counts a multiply and an add per weight and row.
  */
 #include "colibri.h"
 #include "kernels.h"
@@ -62,6 +66,8 @@ int main(int argc, char **argv) {
     float *y = malloc(sizeof(float) * (size_t)n_out * rows);
     for (int64_t i = 0; i < n_in * rows; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 500.0f;
     void *scratch = aligned_alloc(64, cb_matmul_scratch(n_in, rows));
+    const int preq = getenv("CB_BENCH_PREQ") && atoi(getenv("CB_BENCH_PREQ"));
+    const int nrep = getenv("CB_BENCH_REPS") ? atoi(getenv("CB_BENCH_REPS")) : 3;  /* the first warms up */
     printf("simd %s, rows %d, shape %lld x %lld\n", cb_simd_name(simd), rows, (long long)n_out, (long long)n_in);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
@@ -87,9 +93,17 @@ int main(int argc, char **argv) {
             if (cb_pack_wanted(simd, type) && !getenv("CB_BENCH_UNPACKED")) cb_pack_alloc(&w[i]);
         }
         uint8_t *reads = w[0].packed ? NULL : cb_big_alloc(mbytes * (size_t)n_mat);
-        for (int rep = 0; rep < 3; rep++) {
+        cb_block_q8 *xq = scratch;
+        if (preq) cb_quantize_rows(k, x, xq, n_in, 0, rows);
+        for (int rep = 0; rep < nrep; rep++) {
             double c0 = clk(CLOCK_THREAD_CPUTIME_ID), t0 = clk(CLOCK_MONOTONIC);
-            for (int i = 0; i < n_mat; i++) cb_matmul(NULL, k, &w[i], x, rows, y, scratch);
+            if (preq)  /* the kernel alone: activations quantized once, outside the timing */
+                for (int i = 0; i < n_mat; i++) {
+                    if (cb_kq_is_kquant(type)) cb_kq_matmul_rows(simd, &w[i], xq, rows, y, n_out, 0, n_out);
+                    else k->matmul_rows(&w[i], xq, x, rows, y, n_out, 0, n_out);
+                }
+            else
+                for (int i = 0; i < n_mat; i++) cb_matmul(NULL, k, &w[i], x, rows, y, scratch);
             double c1 = clk(CLOCK_THREAD_CPUTIME_ID), t1 = clk(CLOCK_MONOTONIC);
             float sink = 0.0f;
 #if defined(__x86_64__)
@@ -99,8 +113,9 @@ int main(int argc, char **argv) {
 #endif
             double c2 = clk(CLOCK_THREAD_CPUTIME_ID), t2 = clk(CLOCK_MONOTONIC);
             const double gb = (double)mbytes * n_mat / 1e9;
-            printf("%-5s kernel %6.1f GB/s cpu %6.1f GB/s wall | read loop %6.1f cpu %6.1f wall | kernel/read %.2f (cpu)%s\n",
-                   cb_type_name(type), gb / (c1 - c0), gb / (t1 - t0), gb / (c2 - c1), gb / (t2 - t1),
+            const double gop = 2.0 * (double)n_out * (double)n_in * rows * n_mat / 1e9;  /* multiply + add */
+            printf("%-5s kernel %6.1f GB/s cpu %6.1f GB/s wall %7.1f GOP/s cpu | read loop %6.1f cpu %6.1f wall | kernel/read %.2f (cpu)%s\n",
+                   cb_type_name(type), gb / (c1 - c0), gb / (t1 - t0), gop / (c1 - c0), gb / (c2 - c1), gb / (t2 - t1),
                    (c2 - c1) / (c1 - c0), sink == 12345.0f ? " " : "");
             volatile float keep = sink; (void)keep;
         }
