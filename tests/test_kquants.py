@@ -67,7 +67,7 @@ def test_type_table():
 @pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["quantized", "random"])
 # 37 rows: the AVX-512 panel kernels unpack each panel once per row block
-# (>= 16 rows) and run pairs of panels (40 outputs: a pair and a masked one)
+# (>= 32 rows) and run pairs of panels (40 outputs: a pair and a masked one)
 # over 4-row tiles, 3 super-blocks: a chunk of 2 and one of 1
 @pytest.mark.parametrize("n_out,n_in,n_rows", [(40, 256, 1), (37, 1024, 5), (8, 512, 9), (50, 8960, 10), (40, 768, 37)])
 def test_matmul_matches_dequantize(simd, qtype, kind, n_out, n_in, n_rows):
