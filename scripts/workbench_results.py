@@ -85,7 +85,11 @@ def latest_runs(root: Path) -> list[Path]:
 
 
 # Facts about a run that its files cannot say (keyed by the run's folder name).
+_BEFORE_WEIGHT = ("Run before share_scheduling_group: the notebook's kernel was a nice-0 scheduling group of its own "
+                  "beside other sessions' nice-19 jobs, so absolute times may be slower than the later runs'; the "
+                  "paired ratios are the result.")
 NOTES = {
+    **{run: _BEFORE_WEIGHT for run in ("20261202-001246", "20261202-001300", "20261202-001316", "20261202-001342")},
     "20261202-000146": "Commit 3242360 is b5042fc before it was rebased onto main (the same engine and experiments "
                        "code). Run before share_scheduling_group: the notebook's kernel had a nice-0 scheduling group "
                        "of its own beside other sessions' nice-19 builds, so absolute times are slower than the "
@@ -230,9 +234,12 @@ checked (`colibri_lab/experiments/verdicts.py`). Every timing is a median over r
 paired ratio (variant / baseline, same prompt, repeat and seed) with a seeded 95 % bootstrap
 interval; a variant *wins* only when the whole interval is on the good side of 1. The
 machine is a small VM (2 vCPUs, AMD EPYC Zen 4); runs from 2026-12-02 on were made under the
-bench lock (no other benchmark at the same time; other developers' builds and tests ran at
-nice 19), earlier ones on a machine shared with other jobs: the load average before and after
-is in each section. Sizes are the specs' full sizes (`experiments/<name>.toml`, without their
+bench lock (no other benchmark at the same time), earlier ones on a machine shared with other
+jobs: the load average before and after is in each section. The machine schedules by
+autogroup, so other sessions' nice-19 builds still took CPU from the first runs of
+2026-12-02; from commit cf487fb on, the benchmark's session, its notebook kernel and its
+servers have a scheduling group of nice -15 (`share_scheduling_group`; see
+docs/bench/serve.md), and the sections' notes say which runs came before. Sizes are the specs' full sizes (`experiments/<name>.toml`, without their
 `[small]` table) unless a section says otherwise. Load the raw tables with
 `colibri_lab.experiments.load_results(path)`.
 """
