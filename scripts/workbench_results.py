@@ -103,6 +103,11 @@ NOTES = {
     "20261202-001540": "`colibri-lab run` took the package of the worktree (fd60775 plus the uncommitted "
                        "share_scheduling_group change to experiments/servers.py, which this experiment does not "
                        "use): the dirty flag. The engine is 25d2856's.",
+    "20261202-014939": "The run started from 63fa89a's spec and notebook (ours at default flags and at --chunk 8 "
+                       "beside llama.cpp's; meta.json's experiment records that spec) while its clone moved to "
+                       "b8b99f6, which changed only those two files (to ours at --chunk 8 alone) and is the commit "
+                       "recorded; the package and engine are the same in both, and the spec is back to this run's "
+                       "in the next commit (92874d1).",
     "20261202-004636": "Two requests of every 0.25 req/s block were never sent: their Poisson arrival times fell "
                        "after the block's 60 s deadline (block_timeout_s), for every server alike, and the SLO rule "
                        "counts them as failures, so no server has a rate meeting the SLO (and the claims that every "
