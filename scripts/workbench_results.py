@@ -97,9 +97,6 @@ NOTES = {
     "20261202-000307": "Commit 3242360 is b5042fc before it was rebased onto main (the same engine and experiments "
                        "code). Run before share_scheduling_group (see the prefix run of the same hour): absolute "
                        "times are slower than the later runs'.",
-    "20261201-235751": "Run while the notebooks' parameter cells were being edited (the dirty flag): the code it ran "
-                       "is 0c7244c's. Run before share_scheduling_group: absolute times are slower than the later "
-                       "runs'.",
     "20261202-001540": "`colibri-lab run` took the package of the worktree (fd60775 plus the uncommitted "
                        "share_scheduling_group change to experiments/servers.py, which this experiment does not "
                        "use): the dirty flag. The engine is 25d2856's.",
