@@ -111,7 +111,9 @@ NOTES = {
                        "request was answered and counted by /metrics read 'does not hold' for the same reason; "
                        "`sustained` at that rate is 0 for the same reason). The spec now gives blocks 120 s. Ours ran at default flags and at --chunk 4, when n_chunk still capped each prompt "
                        "on its own (4 rows per prompt per step, whatever the others).",
-    "20261201-215850": "This run's notebook stated its gap-table claim over every request; the gaps of failed "
+    "20261201-215850": "Made before the bench lock, at load 14-18 on 2 cores, on the engine of dda110f; not rerun "
+                       "this session (the qwen2.5-coder-1.5b run is the serving result, docs/bench/serve.md). "
+                       "This run's notebook stated its gap-table claim over every request; the gaps of failed "
                        "requests are left out by design (as vLLM does), so the claim read 'does not hold' for a "
                        "counting reason. The notebook now states it over answered requests; the data are unchanged.",
 }
