@@ -27,6 +27,7 @@ typedef struct {
     int32_t  *b_tokens, *b_pos, *b_slot, *b_logit; /* [n_batch] batch under construction */
     int      *row_req;    /* [n_logits] which request a logits row belongs to */
     double    catchup_ms; /* time of the last draft call's history catch-up */
+    double    step_ms;    /* smoothed time of one drafting forward (one position of every job) */
 } cb_drafter;
 
 int  cb_drafter_init(cb_drafter *d, const cb_model *model, const cb_kernels *k, cb_pool *pool,
