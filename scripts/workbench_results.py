@@ -237,7 +237,7 @@ tables, none is typed by hand; the claims are the ones the run's notebook comput
 checked (`colibri_lab/experiments/verdicts.py`). Every timing is a median over requests or a
 paired ratio (variant / baseline, same prompt, repeat and seed) with a seeded 95 % bootstrap
 interval; a variant *wins* only when the whole interval is on the good side of 1. The
-machine is a small VM (2 vCPUs, AMD EPYC Zen 4); runs from 2026-12-02 on were made under the
+machine is a small VM (2 vCPUs, AMD EPYC Zen 5, cpu family 26); runs from 2026-12-02 on were made under the
 bench lock (no other benchmark at the same time), earlier ones on a machine shared with other
 jobs: the load average before and after is in each section. The machine schedules by
 autogroup, so other sessions' nice-19 builds still took CPU from the first runs of
