@@ -66,9 +66,8 @@ def test_type_table():
 @pytest.mark.parametrize("simd", SIMD)
 @pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["quantized", "random"])
-# 37 rows: the AVX-512 panel kernels unpack each panel once per row block
-# (>= 32 rows) and run pairs of panels (40 outputs: a pair and a masked one)
-# over 4-row tiles, 3 super-blocks: a chunk of 2 and one of 1
+# 37 rows: full 8-row tiles of the AVX-512 panel kernels and a 5-row tail,
+# 40 outputs: two panels and a masked one, 768 inputs: 3 super-blocks
 @pytest.mark.parametrize("n_out,n_in,n_rows", [(40, 256, 1), (37, 1024, 5), (8, 512, 9), (50, 8960, 10), (40, 768, 37)])
 def test_matmul_matches_dequantize(simd, qtype, kind, n_out, n_in, n_rows):
     _need(simd)
@@ -119,9 +118,8 @@ def test_simd_levels_agree(qtype):
 def test_batch_and_threads_bit_identical(simd, qtype):
     _need(simd)
     rng = np.random.default_rng(9)
-    # 37 rows: alone, a row takes the AVX-512 per-tile path; together, the
-    # unpacked-panel path (pairs of panels, 4-row tiles, chunk tails): the
-    # two must agree bit for bit, as must every split over threads
+    # 37 rows: 8-row tiles and a 5-row tail must give each row the bits it
+    # gets alone, as must every split over threads
     n_out, n_in, n_rows = 70, 768, 37
     raw, _ = _weights(qtype, n_out, n_in, rng, "quantized")
     x = rng.standard_normal((n_rows, n_in)).astype(np.float32)

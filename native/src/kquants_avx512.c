@@ -8,13 +8,6 @@
  * and the super-block's scales and mins are unpacked once per panel for 16
  * outputs with vector shifts (no per-element gathers, no horizontal sums).
  * A tile of up to KP_ROWS activation rows shares each unpacking of weights.
- * A row block of a prefill (>= KP_UNPACK_MIN_ROWS rows) unpacks each panel
- * once, a few super-blocks at a time into an L1 buffer (kp_unpacked), and
- * runs pairs of panels over 4-row tiles from it: the unpacking is paid once
- * per row block instead of once per tile, and one activation broadcast
- * feeds both panels' vpdpbusd (measured on Zen 5: a vpdpbusd loop with a
- * broadcast operand per instruction reaches ~70% of the loop without; one
- * broadcast shared by two, ~100%).
  *
  * Per (activation row, output) the float steps run in block order,
  *   Q4_K / Q5_K:  acc = fma(float(isum_b) * dx_b, d * sc_b, acc)
@@ -104,88 +97,12 @@ KQ_ATTR static INL void kp_scales_q45(const int q5, const uint8_t *p, __m512 *ds
     }
 }
 
-/* The 8 weight vectors of Q4_K / Q5_K sub-block j of a panel super-block p
- * (qs at q: its 512-byte group), as vpdpbusd reads them. */
-KQ_ATTR static INL void kp_weights_q45(const int q5, const uint8_t *p, const uint8_t *q, int j, __m512i W[8]) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8((char)0xF0), b4 = _mm512_set1_epi8(0x10);
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) {
-        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
-        if (q5) {  /* quant | (bit j of each qh byte) << 4, 0..31 */
-            const __m512i h = _mm512_loadu_si512((const void *)(p + 256 + 64 * c));
-            const __m512i hb = j <= 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
-            W[c] = _mm512_or_si512(_mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, lo4),
-                                   _mm512_and_si512(hb, b4));
-        } else {  /* Q4_K odd sub-blocks: the high nibble in place (16 q), its scale / 16 */
-            W[c] = _mm512_and_si512(v, j & 1 ? hi4 : lo4);
-        }
-    }
-}
-
-/* The 8 weight vectors (unsigned q in 0..63) of Q6_K 32-weight block b of a
- * panel super-block p, and the block's two half scales d * sc as floats. */
-KQ_ATTR static INL void kp_weights_q6(const uint8_t *p, int b, __m512i W[8], __m512 *sl, __m512 *sh) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), b45 = _mm512_set1_epi8(0x30);
-    const int h = b >> 2, k = b & 3;
-    const uint8_t *ql = p + 288 + 1024 * h + 512 * (k & 1), *qh = p + 2336 + 512 * h;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    *sl = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b))))));
-    *sh = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b + 1))))));
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) {
-        const __m512i l = _mm512_loadu_si512((const void *)(ql + 64 * c));
-        const __m512i hv = _mm512_loadu_si512((const void *)(qh + 64 * c));
-        const __m512i nib = _mm512_and_si512(k & 2 ? _mm512_srli_epi16(l, 4) : l, lo4);
-        const __m512i hi = _mm512_and_si512(k < 3 ? _mm512_slli_epi16(hv, 4 - 2 * k) : _mm512_srli_epi16(hv, 2), b45);
-        W[c] = _mm512_or_si512(nib, hi);
-    }
-}
-
-/* The float steps of one activation row over one Q4_K / Q5_K sub-block
- * (si: the exact integer sum, xb: the activation block), and of Q6_K (s0,
- * s1: the two halves' sums), as at the top of this file.  Every path of a
- * row goes through these, so the order never changes. */
-KQ_ATTR static INL __m512 kp_fin_q45(__m512 acc, __m512i si, const cb_block_q8 *xb, __m512 dsc, __m512 dmm) {
-    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(si), _mm512_set1_ps(xb->d));
-    acc = _mm512_fmadd_ps(t, dsc, acc);
-    return _mm512_fnmadd_ps(dmm, _mm512_set1_ps(xb->s), acc);
-}
-
-KQ_ATTR static INL __m512 kp_fin_q6(__m512 acc, __m512i s0, __m512i s1, const cb_block_q8 *xb, __m512 sl, __m512 sh) {
-    const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), sl, _mm512_mul_ps(_mm512_cvtepi32_ps(s1), sh));
-    return _mm512_fmadd_ps(t, _mm512_set1_ps(xb->d), acc);
-}
-
-/* One activation row's step over Q4_K / Q5_K sub-block (weights W, block xb). */
-KQ_ATTR static INL __m512 kp_row_q45(__m512 acc, const __m512i W[8], const cb_block_q8 *xb, __m512 dsc, __m512 dmm) {
-    const kq_i32u *x4 = (const kq_i32u *)xb->qs;
-    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        s0 = kp_dp(s0, W[c], x4 + c);
-        s1 = kp_dp(s1, W[c + 4], x4 + c + 4);
-    }
-    return kp_fin_q45(acc, _mm512_add_epi32(s0, s1), xb, dsc, dmm);
-}
-
-/* The same for Q6_K block xb, the two halves starting at their offsets xc. */
-KQ_ATTR static INL __m512 kp_row_q6(__m512 acc, const __m512i W[8], const cb_block_q8 *xb, const int32_t *xc,
-                                    __m512 sl, __m512 sh) {
-    const kq_i32u *x4 = (const kq_i32u *)xb->qs;
-    __m512i s0 = _mm512_set1_epi32(xc[0]), s1 = _mm512_set1_epi32(xc[1]);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        s0 = kp_dp(s0, W[c], x4 + c);
-        s1 = kp_dp(s1, W[c + 4], x4 + c + 4);
-    }
-    return kp_fin_q6(acc, s0, s1, xb, sl, sh);
-}
-
 /* One Q4_K / Q5_K panel (16 outputs) x R activation rows over nsb super-blocks. */
 KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *panel, int64_t nsb, int64_t nb,
                                     const cb_block_q8 *xr, float *y, int64_t ldy, __mmask16 m,
                                     const uint8_t *pf) {
     const size_t pb = q5 ? 16 * 176 : 16 * 144;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8((char)0xF0), b4 = _mm512_set1_epi8(0x10);
     __m512 acc[KP_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -197,10 +114,34 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
         const uint8_t *qs = p + (q5 ? 768 : 256);
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {  /* sub-block j: nibble j & 1 of group j / 2 */
+            const uint8_t *q = qs + 512 * (j >> 1);
             __m512i W[8];
-            kp_weights_q45(q5, p, qs + 512 * (j >> 1), j, W);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) acc[r] = kp_row_q45(acc[r], W, xr + (int64_t)r * nb + s * 8 + j, dsc[j], dmm[j]);
+            for (int c = 0; c < 8; c++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
+                if (q5) {  /* quant | (bit j of each qh byte) << 4, 0..31 */
+                    const __m512i h = _mm512_loadu_si512((const void *)(p + 256 + 64 * c));
+                    const __m512i hb = j <= 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
+                    W[c] = _mm512_or_si512(_mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, lo4),
+                                           _mm512_and_si512(hb, b4));
+                } else {  /* Q4_K odd sub-blocks: the high nibble in place (16 q), its scale / 16 */
+                    W[c] = _mm512_and_si512(v, j & 1 ? hi4 : lo4);
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const cb_block_q8 *xb = xr + (int64_t)r * nb + s * 8 + j;
+                const kq_i32u *x4 = (const kq_i32u *)xb->qs;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    s0 = kp_dp(s0, W[c], x4 + c);
+                    s1 = kp_dp(s1, W[c + 4], x4 + c + 4);
+                }
+                const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(xb->d));
+                acc[r] = _mm512_fmadd_ps(t, dsc[j], acc[r]);
+                acc[r] = _mm512_fnmadd_ps(dmm[j], _mm512_set1_ps(xb->s), acc[r]);
+            }
         }
     }
 #pragma GCC unroll 8
@@ -213,21 +154,44 @@ KQ_ATTR static INL void kp_tile_q6(const int R, const uint8_t *panel, int64_t ns
                                    const cb_block_q8 *xr, const int32_t *xc, float *y, int64_t ldy,
                                    __mmask16 m, const uint8_t *pf) {
     const size_t pb = 16 * 210;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b45 = _mm512_set1_epi8(0x30);
     __m512 acc[KP_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *p = panel + (size_t)s * pb;
         if (pf) kp_prefetch(pf + (size_t)s * pb, pb);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #pragma GCC unroll 1
         for (int b = 0; b < 8; b++) {  /* 32-weight block b = 4h + k */
+            const int h = b >> 2, k = b & 3;
+            const uint8_t *ql = p + 288 + 1024 * h + 512 * (k & 1), *qh = p + 2336 + 512 * h;
+            const __m512 sl = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                  _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b))))));
+            const __m512 sh = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                  _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b + 1))))));
             __m512i W[8];
-            __m512 sl, sh;
-            kp_weights_q6(p, b, W, &sl, &sh);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m512i l = _mm512_loadu_si512((const void *)(ql + 64 * c));
+                const __m512i hv = _mm512_loadu_si512((const void *)(qh + 64 * c));
+                const __m512i nib = _mm512_and_si512(k & 2 ? _mm512_srli_epi16(l, 4) : l, lo4);
+                const __m512i hi = _mm512_and_si512(k < 3 ? _mm512_slli_epi16(hv, 4 - 2 * k) : _mm512_srli_epi16(hv, 2), b45);
+                W[c] = _mm512_or_si512(nib, hi);
+            }
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 const int64_t bi = (int64_t)r * nb + s * 8 + b;
-                acc[r] = kp_row_q6(acc[r], W, xr + bi, xc + 2 * bi, sl, sh);
+                const cb_block_q8 *xb = xr + bi;
+                const kq_i32u *x4 = (const kq_i32u *)xb->qs;
+                __m512i s0 = _mm512_set1_epi32(xc[2 * bi]), s1 = _mm512_set1_epi32(xc[2 * bi + 1]);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    s0 = kp_dp(s0, W[c], x4 + c);
+                    s1 = kp_dp(s1, W[c + 4], x4 + c + 4);
+                }
+                const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), sl, _mm512_mul_ps(_mm512_cvtepi32_ps(s1), sh));
+                acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xb->d), acc[r]);
             }
         }
     }
@@ -241,137 +205,6 @@ KQ_ATTR static INL void kp_tile(const int type, const int R, const uint8_t *pane
                                 const uint8_t *pf) {
     if (type == CB_TYPE_Q6_K) kp_tile_q6(R, panel, nsb, nb, xr, xc, y, ldy, m, pf);
     else kp_tile_q45(type == CB_TYPE_Q5_K, R, panel, nsb, nb, xr, y, ldy, m, pf);
-}
-
-/* Super-blocks of a panel unpacked at a time for the tiles of a row block
- * (two panels x 2 x 5 KB stay in L1 next to a tile's activations). */
-#define KP_CHUNK_SB 2
-/* Row blocks of at least this many rows unpack each panel once for all
- * their tiles; smaller ones (decode, verification, and the 16-row blocks of
- * 8960-input rows) unpack per tile: measured at 16 rows of 8960 inputs the
- * buffer costs more than it saves (Q4_K 561 -> 387 GOP/s). */
-#define KP_UNPACK_MIN_ROWS (4 * KP_ROWS)
-/* Rows per tile of a pair of unpacked panels. */
-#define KP_ROWS2 4
-
-/* One panel super-block unpacked: each 32-weight block's 8 weight vectors
- * as vpdpbusd reads them, and its float scales (Q4_K / Q5_K: d * sc_j and
- * dmin * m_j; Q6_K: d * sc of the two 16-weight halves). */
-typedef struct {
-    __m512i w[8][8];
-    __m512  f0[8], f1[8];
-} kp_unpacked;
-
-KQ_ATTR static INL void kp_unpack(const int type, const uint8_t *p, kp_unpacked *u) {
-    if (type == CB_TYPE_Q6_K) {
-#pragma GCC unroll 1
-        for (int b = 0; b < 8; b++) kp_weights_q6(p, b, u->w[b], &u->f0[b], &u->f1[b]);
-    } else {
-        const int q5 = type == CB_TYPE_Q5_K;
-        kp_scales_q45(q5, p, u->f0, u->f1);
-        const uint8_t *qs = p + (q5 ? 768 : 256);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) kp_weights_q45(q5, p, qs + 512 * (j >> 1), j, u->w[j]);
-    }
-}
-
-/* R rows x NP (1 or 2) panels over ns unpacked super-blocks (panel p's at
- * u[p * KP_CHUNK_SB ..], its outputs at y + 16 p under mask m[p]; xr, xc:
- * row 0 at the chunk's first block), continuing each row's sums from y
- * unless first.  Two panels share each activation broadcast (a vpdpbusd
- * with a broadcast memory operand costs more than the broadcast itself
- * shared by two); per (row, output) the integer sums are exact and the
- * float steps are kp_fin_*, in block order, as in kp_tile_q45 / kp_tile_q6
- * (a float stored and loaded back is the same float): bit-identical. */
-KQ_ATTR static INL void kp_tile_unpacked(const int type, const int NP, const int R, const kp_unpacked *u,
-                                         int64_t ns, int64_t nb, const cb_block_q8 *xr, const int32_t *xc,
-                                         float *y, int64_t ldy, const __mmask16 *m, int first) {
-    const int q6 = type == CB_TYPE_Q6_K;
-    __m512 acc[KP_ROWS][2];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-        for (int p = 0; p < NP; p++)
-            acc[r][p] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m[p], y + (int64_t)r * ldy + 16 * p);
-    for (int64_t s = 0; s < ns; s++) {
-#pragma GCC unroll 1
-        for (int b = 0; b < 8; b++) {
-            __m512i W[2][8];
-#pragma GCC unroll 2
-            for (int p = 0; p < NP; p++)
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) W[p][c] = _mm512_load_si512((const void *)&u[p * KP_CHUNK_SB + s].w[b][c]);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                const int64_t bi = (int64_t)r * nb + s * 8 + b;
-                const cb_block_q8 *xb = xr + bi;
-                if (NP == 1) {
-                    acc[r][0] = q6 ? kp_row_q6(acc[r][0], W[0], xb, xc + 2 * bi, u[s].f0[b], u[s].f1[b])
-                                   : kp_row_q45(acc[r][0], W[0], xb, u[s].f0[b], u[s].f1[b]);
-                    continue;
-                }
-                const int32_t *x4 = (const int32_t *)xb->qs;
-                __m512i s0[2], s1[2];
-                const __m512i c0 = q6 ? _mm512_set1_epi32(xc[2 * bi]) : _mm512_setzero_si512();
-                const __m512i c1 = q6 ? _mm512_set1_epi32(xc[2 * bi + 1]) : _mm512_setzero_si512();
-                s0[0] = s0[1] = c0;
-                s1[0] = s1[1] = c1;
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    const __m512i xa = _mm512_set1_epi32(x4[c]), xh = _mm512_set1_epi32(x4[c + 4]);
-#pragma GCC unroll 2
-                    for (int p = 0; p < 2; p++) {
-                        s0[p] = _mm512_dpbusd_epi32(s0[p], W[p][c], xa);
-                        s1[p] = _mm512_dpbusd_epi32(s1[p], W[p][c + 4], xh);
-                    }
-                }
-#pragma GCC unroll 2
-                for (int p = 0; p < 2; p++) {
-                    const kp_unpacked *up = &u[p * KP_CHUNK_SB + s];
-                    acc[r][p] = q6 ? kp_fin_q6(acc[r][p], s0[p], s1[p], xb, up->f0[b], up->f1[b])
-                                   : kp_fin_q45(acc[r][p], _mm512_add_epi32(s0[p], s1[p]), xb, up->f0[b], up->f1[b]);
-                }
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-        for (int p = 0; p < NP; p++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy + 16 * p, m[p], acc[r][p]);
-}
-
-/* Rows [r0, r1) x NP consecutive panels (psz bytes apart; outputs at y,
- * masks m), unpacked KP_CHUNK_SB super-blocks at a time and each chunk run
- * over every tile of the rows. */
-KQ_ATTR static INL void kp_panels_unpacked(const int type, const int NP, const uint8_t *panel, size_t psz,
-                                           int64_t nsb, int64_t nb, const cb_block_q8 *xq, const int32_t *xc,
-                                           int r0, int r1, float *y, int64_t ldy, const __mmask16 *m) {
-    const size_t pb = cb_pack_block_bytes(type);
-    const int RT = NP == 2 ? KP_ROWS2 : KP_ROWS;
-    _Alignas(64) kp_unpacked u[2 * KP_CHUNK_SB];
-    for (int64_t s0 = 0; s0 < nsb; s0 += KP_CHUNK_SB) {
-        const int64_t ns = nsb - s0 < KP_CHUNK_SB ? nsb - s0 : KP_CHUNK_SB;
-        for (int p = 0; p < NP; p++)
-            for (int64_t i = 0; i < ns; i++) kp_unpack(type, panel + p * psz + (size_t)(s0 + i) * pb, &u[p * KP_CHUNK_SB + i]);
-        const int first = s0 == 0;
-        int r = r0;
-        for (; r + RT <= r1; r += RT)
-            kp_tile_unpacked(type, NP, RT, u, ns, nb, xq + (int64_t)r * nb + s0 * 8,
-                             xc ? xc + 2 * ((int64_t)r * nb + s0 * 8) : NULL, y + r * ldy, ldy, m, first);
-        const cb_block_q8 *xr = xq + (int64_t)r * nb + s0 * 8;
-        const int32_t *xcr = xc ? xc + 2 * ((int64_t)r * nb + s0 * 8) : NULL;
-        float *yr = y + r * ldy;
-        switch (r1 - r) {
-        case 7: kp_tile_unpacked(type, 1, 7, u, ns, nb, xr, xcr, yr, ldy, m, first); break;
-        case 6: kp_tile_unpacked(type, 1, 6, u, ns, nb, xr, xcr, yr, ldy, m, first); break;
-        case 5: kp_tile_unpacked(type, 1, 5, u, ns, nb, xr, xcr, yr, ldy, m, first); break;
-        case 4: kp_tile_unpacked(type, 1, 4, u, ns, nb, xr, xcr, yr, ldy, m, first); break;
-        case 3: kp_tile_unpacked(type, NP, 3, u, ns, nb, xr, xcr, yr, ldy, m, first); break;
-        case 2: kp_tile_unpacked(type, NP, 2, u, ns, nb, xr, xcr, yr, ldy, m, first); break;
-        case 1: kp_tile_unpacked(type, NP, 1, u, ns, nb, xr, xcr, yr, ldy, m, first); break;
-        default: break;
-        }
-    }
 }
 
 /* Activation bytes (int8 blocks) of one row block: the rows whose blocks
@@ -396,14 +229,6 @@ KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_blo
         for (int64_t o = o0; o < o1; o += CB_PANEL) {
             const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
             const __mmask16 m = kp_mask(o1 - o);
-            if (r1 - r0 >= KP_UNPACK_MIN_ROWS) {  /* two panels at a time, the last one alone */
-                const int pair = o + CB_PANEL < o1;
-                const __mmask16 m2[2] = { m, pair ? kp_mask(o1 - o - CB_PANEL) : 0 };
-                if (pair) kp_panels_unpacked(type, 2, panel, psz, nsb, nb, xq, xc, r0, r1, y + o, ldy, m2);
-                else kp_panels_unpacked(type, 1, panel, psz, nsb, nb, xq, xc, r0, r1, y + o, ldy, m2);
-                o += pair ? CB_PANEL : 0;
-                continue;
-            }
             const uint8_t *pf = o + KP_PF_PANELS * CB_PANEL < w->n_out ? panel + KP_PF_PANELS * psz : NULL;
             int r = r0;
             for (; r + KP_ROWS <= r1; r += KP_ROWS, pf = NULL)
