@@ -22,7 +22,7 @@ from colibri_lab.decode import Decoder
 from colibri_lab.errors import ContextLengthExceededError, InvalidRequestError
 from colibri_lab.experiments.results import cpu_model
 from colibri_lab.experiments.spec import ExperimentSpec, Variant
-from colibri_lab.experiments.workloads import Item, Workload
+from colibri_lab.experiments.workloads import Item, ReleaseQueue, Workload
 
 # Workbench switches in a variant's request settings that are not Engine.submit keywords.
 _WORKBENCH_REQUEST_KEYS = ("use_schema",)
@@ -141,30 +141,22 @@ def run_block(spec: ExperimentSpec, workload: Workload, eng, v: Variant, rep: in
     jobs = list(enumerate(wl.items)) if jobs is None else list(jobs)
     extra = dict(extra or {})
     where = {k: extra[k] for k in ("shard", "worker") if k in extra}
-    release = arrival.start_times(len(jobs))
     n_workers = arrival.workers(len(jobs))
     stop = threading.Event()
     out_q: queue.Queue = queue.Queue()
-    next_job = [0]
-    lock = threading.Lock()
     inflight: dict[int, Any] = {}
     t0 = time.perf_counter()
+    pending = ReleaseQueue(jobs, arrival, t0)
     wall0 = time.time()
     base = dict(experiment=spec.name, variant=v.name, repeat=rep, block=block_i, workload=wl.name,
                 concurrency=arrival.concurrency, arrival=arrival.label(), **extra)
 
     def worker(client: int) -> None:
         while not stop.is_set():
-            with lock:
-                j = next_job[0]
-                next_job[0] += 1
-            if j >= len(jobs):
+            job = pending.take(stop)
+            if job is None:
                 return
-            idx, item = jobs[j]
-            wait = t0 + release[j] - time.perf_counter()
-            if wait > 0 and stop.wait(wait):
-                return
-            t_release = t0 + release[j] if arrival.kind == "poisson" else time.perf_counter()
+            idx, item, t_release = job
             replies: list[str] = []
             for turn in range(len(item.turns)):
                 if stop.is_set():

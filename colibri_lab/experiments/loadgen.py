@@ -60,7 +60,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from colibri_lab.experiments.workloads import Arrival, Item, Workload
+from colibri_lab.experiments.workloads import Arrival, Item, ReleaseQueue, Workload
 
 PERCENTILES = (50, 90, 99)
 # SLO keys as vLLM's --goodput takes them -> the request-table column they bound
@@ -256,28 +256,21 @@ def run_block(target: Target, workload: Workload, arrival: Arrival, request: dic
     base = dict(base or {})
     stop = stop or threading.Event()
     before = scrape_metrics(target) if scrape else {}
-    release = arrival.start_times(len(jobs))
     n_clients = arrival.workers(len(jobs))
     lock = threading.Lock()
-    next_job = [0]
     rows: list[dict] = []
     gaps: list[dict] = []
     wall0 = time.time()
     t0 = time.perf_counter()
+    pending = ReleaseQueue(jobs, arrival, t0)
     req_settings = {k: v for k, v in request.items() if k != "max_tokens"}
 
     def client(c: int) -> None:
         while not stop.is_set():
-            with lock:
-                j = next_job[0]
-                next_job[0] += 1
-            if j >= len(jobs):
+            job = pending.take(stop)
+            if job is None:
                 return
-            idx, item = jobs[j]
-            wait = t0 + release[j] - time.perf_counter()
-            if wait > 0 and stop.wait(wait):
-                return
-            t_release = t0 + release[j] if arrival.kind == "poisson" else time.perf_counter()
+            idx, item, t_release = job
             replies: list[str] = []
             for turn in range(len(item.turns)):
                 if stop.is_set():

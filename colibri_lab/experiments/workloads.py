@@ -22,6 +22,8 @@ Arrivals decide when each item starts:
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -231,3 +233,35 @@ class Arrival:
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "concurrency": self.concurrency, "rate": self.rate, "seed": self.seed,
                 "burstiness": self.burstiness}
+
+
+class ReleaseQueue:
+    """The jobs of one block handed to its client threads in order, each when
+    its release time on `arrival`'s schedule comes (offsets from `t0`, a
+    time.perf_counter() reading).  take(stop) returns (item index, item,
+    release time) or None when the jobs are gone or `stop` was set while
+    waiting; open-loop (poisson) jobs are timed from their scheduled release,
+    closed-loop ones from when a client took them."""
+
+    def __init__(self, jobs: Sequence[tuple[int, Any]], arrival: Arrival, t0: float):
+        self._jobs = list(jobs)
+        self._release = arrival.start_times(len(self._jobs))
+        self._open_loop = arrival.kind == "poisson"
+        self._t0 = t0
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, stop: threading.Event) -> tuple[int, Any, float] | None:
+        with self._lock:
+            j = self._next
+            self._next += 1
+        if j >= len(self._jobs):
+            return None
+        idx, item = self._jobs[j]
+        wait = self._t0 + self._release[j] - time.perf_counter()
+        if wait > 0 and stop.wait(wait):
+            return None
+        t_release = self._t0 + self._release[j] if self._open_loop else time.perf_counter()
+        return idx, item, t_release
+
+
