@@ -101,3 +101,36 @@ def smollm2_path():
     if not os.path.isfile(p):
         raise FileNotFoundError(f"models.resolve('smollm2') gave {p!r}, which is not a file")
     return p
+
+
+# A SmolLM2 engine and a live server on it, one per test module (the server
+# tests share these; a module that needs other settings overrides
+# `engine_kwargs` or `server_kwargs`, or the fixture itself).
+@pytest.fixture(scope="module")
+def engine_kwargs():
+    """Keyword arguments for the module's `engine` beyond test_serve_util.make_engine's defaults."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path, engine_kwargs):
+    from test_serve_util import make_engine
+
+    eng = make_engine(smollm2_path, **engine_kwargs)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server_kwargs():
+    """Keyword arguments for the module's `server` (colibri_lab.server.Server) beyond port and model id."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def server(engine, server_kwargs):
+    from colibri_lab.server import Server
+
+    srv = Server(engine, port=0, model_id="smollm2", **server_kwargs).start()
+    yield srv
+    srv.stop()

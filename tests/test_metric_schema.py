@@ -11,9 +11,8 @@ import pytest
 
 from colibri_lab import metrics as schema
 from colibri_lab.errors import InvalidRequestError
-from colibri_lab.server import Server
 from colibri_lab.server.metrics import Histogram
-from test_serve_util import make_engine, raw, sse_events, wait_idle
+from test_serve_util import raw, sse_events, wait_idle
 
 pytestmark = pytest.mark.smollm2
 
@@ -21,17 +20,8 @@ MSG = [{"role": "user", "content": "Repeat after me: the cat sat on the mat, the
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path, layer_skip=True)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2").start()
-    yield srv
-    srv.stop()
+def engine_kwargs():
+    return dict(layer_skip=True)
 
 
 def _steps_of(engine, after: int):

@@ -10,8 +10,7 @@ import anthropic
 import pytest
 from pydantic import BaseModel
 
-from colibri_lab.server import Server
-from test_serve_util import make_engine, raw, sse_events
+from test_serve_util import raw, sse_events
 
 pytestmark = pytest.mark.smollm2
 
@@ -19,20 +18,6 @@ MSG = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER = {"name": "get_weather", "description": "Current weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
                             "required": ["city"], "additionalProperties": False}}
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2").start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,17 +21,8 @@ MSG = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path, max_queue=4)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2").start()
-    yield srv
-    srv.stop()
+def engine_kwargs():
+    return dict(max_queue=4)
 
 
 def exchange(port: int, data: bytes, timeout: float = 10.0) -> bytes:

@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from colibri_lab.server import Server
-from test_serve_util import make_engine, raw, sse_events, wait_idle
+from test_serve_util import raw, sse_events, wait_idle
 
 pytestmark = pytest.mark.smollm2
 
@@ -22,20 +21,6 @@ N_CLIENTS = 16
 N_DROP = 4
 MAX_TOKENS = 12
 DROP_MAX_TOKENS = 400   # would take long if cancellation did not work
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2").start()
-    yield srv
-    srv.stop()
 
 
 def _request(port, body) -> socket.socket:

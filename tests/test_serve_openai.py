@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from colibri_lab.server import Server
-from test_serve_util import assert_openai_error, make_engine, raw, sse_events, wait_idle
+from test_serve_util import raw, sse_events, wait_idle
 
 pytestmark = pytest.mark.smollm2
 
@@ -18,17 +18,8 @@ MSG = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2", keepalive_s=15.0).start()
-    yield srv
-    srv.stop()
+def server_kwargs():
+    return dict(keepalive_s=15.0)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from colibri_lab.server import Server
-from test_serve_util import assert_openai_error, make_engine, raw
+from test_serve_util import assert_openai_error, raw
 
 pytestmark = pytest.mark.smollm2
 
@@ -22,20 +21,6 @@ TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
                           "required": ["city"], "additionalProperties": False}}
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2").start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ import time
 import pytest
 
 from colibri_lab.errors import SchemaError
-from colibri_lab.server import Server
-from test_serve_util import assert_openai_error, make_engine, raw, sse_events, wait_idle
+from test_serve_util import assert_openai_error, raw, sse_events, wait_idle
 
 pytestmark = pytest.mark.smollm2
 
@@ -21,20 +20,6 @@ MSG = [{"role": "user", "content": "Hi"}]
 LENIENT_SCHEMA = {"type": "object", "properties": {"when": {"type": "string", "format": "color"}},
                   "required": ["when"]}
 IGNORED = [{"keyword": "format", "path": "#/properties/when", "reason": "format 'color' is not enforced"}]
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2").start()
-    yield srv
-    srv.stop()
 
 
 def _openai(schema, **extra):

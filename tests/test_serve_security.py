@@ -5,7 +5,6 @@ typed exception and carry the documented error shape."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -23,18 +22,9 @@ MSG = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_path):
-    eng = make_engine(smollm2_path)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    srv = Server(engine, port=0, model_id="smollm2", api_key=KEY, cors_origins=["https://app.example"],
-                 allowed_hosts=["colibri.internal"], max_body_bytes=64 * 1024).start()
-    yield srv
-    srv.stop()
+def server_kwargs():
+    return dict(api_key=KEY, cors_origins=["https://app.example"],
+                allowed_hosts=["colibri.internal"], max_body_bytes=64 * 1024)
 
 
 @pytest.fixture(scope="module")
