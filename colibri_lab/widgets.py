@@ -22,6 +22,7 @@ import ipywidgets as W
 from IPython.display import display
 
 from colibri_lab import plots
+from colibri_lab.experiments.blocks import close_engines
 from colibri_lab.experiments.runner import Runner
 from colibri_lab.experiments.spec import ExperimentSpec, Variant
 from colibri_lab.experiments.stats import summary_table
@@ -208,12 +209,7 @@ class Knobs:
         return self.results
 
     def close(self) -> None:
-        for eng in self.engines.values():
-            try:
-                eng.close()
-            except Exception:
-                pass
-        self.engines.clear()
+        close_engines(self.engines)
 
 
 def token_stream_html(prompt_pieces: Sequence[str], output_pieces: Sequence[str], cached: int = 0,

@@ -96,12 +96,24 @@ class EngineCache:
         return self.engines[key]
 
     def close(self) -> None:
-        for eng in self.engines.values():
-            try:
-                eng.close()
-            except Exception:
-                pass
-        self.engines.clear()
+        close_engines(self.engines)
+
+
+def close_engines(engines: dict, keys=None) -> int:
+    """Close and remove the engines of `engines` (those under `keys`, default
+    all); returns how many.  Every one is closed even if one's close() fails;
+    the first failure is raised after that."""
+    first = None
+    keys = list(engines) if keys is None else list(keys)
+    for k in keys:
+        eng = engines.pop(k)
+        try:
+            eng.close()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the others are closed
+            first = first or exc
+    if first is not None:
+        raise first
+    return len(keys)
 
 
 def make_bar(total: int, desc: str, progress: bool = True):

@@ -57,6 +57,7 @@ from typing import Any
 from colibri_lab.experiments.blocks import (
     EngineCache,
     block_order,
+    close_engines,
     default_engine_factory,
     is_fatal,
     machine_columns,
@@ -302,11 +303,7 @@ def _evict(fkey: str, keep: set) -> None:
     for f, k in others + mine:
         if n_engines() <= MAX_ENGINES:
             return
-        eng = _ENGINES[f].pop(k)
-        try:
-            eng.close()
-        except Exception:
-            pass
+        close_engines(_ENGINES[f], [k])
 
 
 def run_task(task: dict) -> dict:
@@ -353,16 +350,7 @@ def run_task(task: dict) -> dict:
 
 def clear_worker_engines() -> int:
     """Close this worker process's cached engines (client.run(clear_worker_engines))."""
-    n = 0
-    for cache in _ENGINES.values():
-        for eng in cache.values():
-            try:
-                eng.close()
-            except Exception:
-                pass
-            n += 1
-        cache.clear()
-    return n
+    return sum(close_engines(cache) for cache in _ENGINES.values())
 
 
 # ----------------------------------------------------------- client side
