@@ -539,22 +539,22 @@ def test_precheck_bounds_bad_input_fast():
     for bad, what in [({"enum": list(range(100_000))}, "'enum' at # has 100000 values"),
                       ({"anyOf": [{"const": i} for i in range(10_000)]}, "'anyOf' at # has 10000"),
                       (functools.reduce(lambda a, _: {"items": a}, range(5000), {}), "nests too deeply")]:
-        t = time.perf_counter()
+        t = time.process_time()
         with pytest.raises(SchemaError, match=what):
             precheck(bad)
         with pytest.raises(SchemaError, match=what):
             schema_to_gbnf(bad)
-        assert time.perf_counter() - t < 0.5
+        assert time.process_time() - t < 0.5
     # a deep $ref chain or a combinatorial allOf is bounded by the converter's deadline / sizes
     chain = {"$defs": {"d%d" % i: {"$ref": "#/$defs/d%d" % (i + 1)} for i in range(3000)}}
     chain["$defs"]["d3000"] = {"type": "integer"}
     chain["$ref"] = "#/$defs/d0"
-    t = time.perf_counter()
+    t = time.process_time()
     try:
         schema_to_gbnf(chain)
     except SchemaError:
         pass
-    assert time.perf_counter() - t < 2.0
+    assert time.process_time() - t < 2.0
 
 
 def test_lenient_reports_what_it_ignored():
@@ -748,11 +748,11 @@ _JSON = st.recursive(
 @given(_JSON)
 def test_converter_fuzz_only_schema_errors(doc):
     import time
-    t = time.perf_counter()
+    t = time.process_time()
     for lenient in (False, True):
         try:
             text = convert_schema(doc, lenient=lenient).gbnf
         except SchemaError:
             continue
         assert text.startswith("root ::= ")
-    assert time.perf_counter() - t < 5
+    assert time.process_time() - t < 5
