@@ -54,9 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="compute threads (0 = all cores)")
     p.add_argument("--simd", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
     p.add_argument("--chunk", type=int, default=0,
-                   help="prompt rows, all prompts together, of a step in which other requests decode (0 = the "
-                        "whole batch, 512): prompts are then spread over several steps, so the decoding streams "
-                        "wait less between tokens; a step with nothing decoding prefills at full width")
+                   help="rows of a step in which requests decode (0 = 3 per thread): the decoding streams' rows "
+                        "first, new prompts share the rest (at least a quarter of it), so a prompt is spread over "
+                        "several steps and no stream waits for a whole prefill between two tokens; a step with "
+                        "nothing decoding prefills at full width")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429 (default 256)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' = any)")

@@ -237,9 +237,29 @@ def test_step_profile_is_consistent(model):
     assert seen >= 4
 
 
-def test_n_chunk_bounds_the_prompt_rows_of_steps_with_decoding(model):
-    """n_chunk is the prompt rows of a step in which requests decode, all prompts together; a step with
-    nothing decoding prefills at full width.  The logits stay those of a lone run (batch invariance)."""
+def _prompt_rows_by_step(core, ids, left):
+    """Step until every request in `ids` has a token; returns (rows_decode, rows_prefill, prompt rows
+    left before the step) per step, and each request's first logits."""
+    steps, logits = [], {i: [] for i in ids}
+    while any(not logits[i] for i in ids):
+        before = sum(left.values())
+        for ev in core.step():
+            if ev["type"] == "token" and ev["id"] in logits:
+                logits[ev["id"]].append(ev["logits"])
+        st = core.last_step()
+        steps.append((st["rows_decode"], st["rows_prefill"], before))
+        take = st["rows_prefill"]
+        for i in ids:   # prompts are served in admission order
+            got = min(take, left[i])
+            left[i] -= got
+            take -= got
+    return steps, logits
+
+
+def test_n_chunk_is_the_row_budget_of_steps_with_decoding(model):
+    """n_chunk is the rows of a step in which requests decode: the decode rows count first and the
+    prompts, all together, take the rest (at least n_chunk / 4, rounded up); a step with nothing
+    decoding prefills at full width.  The logits stay those of a lone run (batch invariance)."""
     n_vocab = model.n_vocab
     first, a, b = _prompts(3, n_vocab, 20, 21, seed=21)
     core = _engine.Engine(model, n_slots=4, n_ctx=128, n_threads=1, n_chunk=5)
@@ -248,17 +268,42 @@ def test_n_chunk_bounds_the_prompt_rows_of_steps_with_decoding(model):
     assert core.last_step()["rows_prefill"] == 20          # nothing decoded yet: the whole prompt in one step
     core.step()
     assert core.last_step()["rows_decode"] == 1
-    ids = [core.submit(p, max_tokens=2, ignore_eos=True, return_logits=True) for p in (a, b)]
-    rows, logits = [], {i: [] for i in ids}
-    while any(not logits[i] for i in ids):
-        for ev in core.step():
-            if ev["type"] == "token" and ev["id"] in logits:
-                logits[ev["id"]].append(ev["logits"])
-        st = core.last_step()
-        assert st["rows_decode"] >= 1 and st["rows_prefill"] <= 5, st   # 5 prompt rows in all, not 5 each
-        rows.append(st["rows_prefill"])
-    assert sum(rows) == 40 and rows[:4] == [5, 5, 5, 5]
+    ids = [core.submit(p, max_tokens=3, ignore_eos=True, return_logits=True) for p in (a, b)]
+    left = {i: 20 for i in ids}
+    steps, logits = _prompt_rows_by_step(core, ids, left)
+    for d, p, before in steps:
+        assert d >= 1
+        assert p == min(before, max(5 - d, 2)), steps     # 5 rows in all, decode rows first
+    assert [p for _, p, _ in steps[:5]] == [4, 4, 4, 4, 4]   # one stream decodes: 4 prompt rows a step
+    assert (2, 3, 20) in steps                         # a's first token: two decode, 3 prompt rows
+    assert sum(p for _, p, _ in steps) == 40
     alone = _engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1)
     for i, p in zip(ids, (a, b)):
         ref = run_requests(alone, [(p, dict(max_tokens=2, ignore_eos=True))])[0]
         assert np.array_equal(ref["logits"][0], logits[i][0])
+
+
+def test_prompts_progress_when_the_decode_rows_fill_the_budget(model):
+    """With as many streams decoding as n_chunk, a prompt still gets a quarter of the budget a step."""
+    n_vocab = model.n_vocab
+    ps = _prompts(5, n_vocab, 12, 13, seed=5)
+    core = _engine.Engine(model, n_slots=5, n_ctx=128, n_threads=1, n_chunk=4)
+    for p in ps[:4]:
+        core.submit(p, max_tokens=40, ignore_eos=True)
+    core.step()
+    assert core.last_step()["rows_prefill"] == 48        # nothing decodes: every prompt at once
+    rid = core.submit(ps[4], max_tokens=1, ignore_eos=True, return_logits=True)
+    steps, logits = _prompt_rows_by_step(core, [rid], {rid: 12})
+    assert [(d, p) for d, p, _ in steps] == [(4, 1)] * 12  # 4 decode rows fill the budget: 1 prompt row a step
+    ref = run_requests(_engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1),
+                       [(ps[4], dict(max_tokens=1, ignore_eos=True))])[0]
+    assert np.array_equal(ref["logits"][0], logits[rid][0])
+
+
+def test_n_chunk_default_is_three_rows_per_thread(model):
+    """The default step budget (n_chunk=0) is 3 rows per thread, within n_batch."""
+    for kw, want in (({"n_threads": 1}, 3), ({"n_threads": 2}, 6), ({"n_threads": 4, "n_batch": 10}, 10),
+                     ({"n_threads": 2, "n_chunk": 3}, 3), ({"n_threads": 1, "n_chunk": 900}, 512)):
+        core = _engine.Engine(model, n_slots=2, n_ctx=64, **kw)
+        assert core.params["n_chunk"] == want, kw
+        core.close()

@@ -149,7 +149,8 @@ typedef struct {
     int n_ctx;      /* tokens of KV per slot; 0 = min(n_ctx_train, 4096)               */
     int n_threads;  /* worker threads including the caller; 0 = all online cores        */
     int n_batch;    /* max token rows in one step (decode + prefill chunks); 0 = 512    */
-    int n_chunk;    /* max prompt rows of a step in which requests decode; 0 = n_batch */
+    int n_chunk;    /* rows of a step in which requests decode: decode rows first, prompts the rest
+                       (at least n_chunk / 4, rounded up); 0 = 3 * n_threads, at most n_batch  */
     int simd;       /* cb_simd; CB_SIMD_AUTO picks the best the CPU has                 */
     int prefix_reuse; /* 1: reuse a slot's KV for a common prompt prefix (default 1)    */
     int kv_f16;       /* 1: KV cache in f16, half the memory and attention reads (default 1); 0: f32 */

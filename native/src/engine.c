@@ -8,8 +8,9 @@
  *      recently used on ties), reusing that prefix and optionally copying a
  *      longer one from another slot;
  *   3. builds ONE batch: a decode row for every running request, then prefill
- *      chunks while the batch has room (at most n_chunk prompt rows in all
- *      when some request decodes in the step);
+ *      chunks while the batch has room (when some request decodes, n_chunk
+ *      rows in all: the decode rows first, the prompts the rest, at least a
+ *      quarter of n_chunk);
  *   4. runs the forward and samples every row that ends a prompt or decodes.
  */
 #include "bpe.h"
@@ -207,7 +208,13 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     if (p.n_threads < 1 || p.n_threads > 512) { set_err(err, err_len, "n_threads must be in [1, 512], got %d", p.n_threads); return CB_ERR_ARG; }
     if (p.n_batch == 0) p.n_batch = 512;
     if (p.n_batch < p.n_slots || p.n_batch > 65536) { set_err(err, err_len, "n_batch must be in [n_slots, 65536], got %d", p.n_batch); return CB_ERR_ARG; }
-    if (p.n_chunk == 0 || p.n_chunk > p.n_batch) p.n_chunk = p.n_batch;
+    /* default step budget: 3 rows per thread.  The quantized matmuls stream
+     * their weights up to ~2 rows per thread, and each row past that costs
+     * about one more thread-row of compute: at 2 threads a step of 6 rows
+     * takes ~1.5x one of 1-2 rows, 8 rows ~2x (qwen2.5-coder-1.5b,
+     * docs/bench/serve.md) */
+    if (p.n_chunk == 0) p.n_chunk = 3 * p.n_threads;
+    if (p.n_chunk > p.n_batch) p.n_chunk = p.n_batch;
     if (p.n_chunk < 1) { set_err(err, err_len, "n_chunk must be >= 1, got %d", p.n_chunk); return CB_ERR_ARG; }
     if (p.simd == CB_SIMD_AUTO) p.simd = cb_simd_detect();
     const cb_kernels *k = cb_kernels_get(p.simd);
@@ -945,15 +952,25 @@ static void batch_decode_rows(cb_engine *e, step_rows *s) {
     }
 }
 
+/* The prompt rows a step may take.  In a step in which requests decode,
+ * n_chunk is the rows of the whole step (Sarathi-Serve's token budget): a
+ * prompt row costs what a decode row costs (one row more through the same
+ * matmuls), and past a few rows each one lengthens the step, so the decode
+ * rows (with their drafts) count first and the prompts, all together in
+ * admission order, share the rest -- at least a quarter of n_chunk, so that
+ * prompts progress however many streams decode.  A step in which nothing
+ * decodes stalls no stream: its prompts take every row the batch has (a lone
+ * prompt is not spread over steps). */
+static int prompt_budget(const cb_engine *e, int rows_decode) {
+    if (rows_decode == 0) return e->params.n_batch;
+    const int n = e->params.n_chunk, least = (n + 3) / 4;
+    return n - rows_decode > least ? n - rows_decode : least;
+}
+
 /* 3c. prefill chunks, in admission order, while the batch has room */
 static void batch_prefill_chunks(cb_engine *e, step_rows *s, int n_prefilling) {
     int later = n_prefilling;  /* prefilling requests from here on, each may need a row for its last token */
-    /* n_chunk is the prompt rows of a step in which requests decode, all
-     * prompts together in admission order: it keeps the decoding streams'
-     * gap between tokens near a decode step's however many prompts arrive at
-     * once.  A step in which nothing decodes stalls no stream, so its prompts
-     * take every row the batch has (a lone prompt is not spread over steps). */
-    int budget = s->rows_decode > 0 ? e->params.n_chunk : e->params.n_batch;
+    int budget = prompt_budget(e, s->rows_decode);
     for (int k = 0; k < e->n_order && s->n < e->params.n_batch && budget > 0; k++) {
         int idx = e->order[k];
         cb_request *r = &e->reqs[idx];
