@@ -209,10 +209,10 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     if (p.n_batch == 0) p.n_batch = 512;
     if (p.n_batch < p.n_slots || p.n_batch > 65536) { set_err(err, err_len, "n_batch must be in [n_slots, 65536], got %d", p.n_batch); return CB_ERR_ARG; }
     /* default step budget: 3 rows per thread.  The quantized matmuls stream
-     * their weights up to ~2 rows per thread, and each row past that costs
-     * about one more thread-row of compute: at 2 threads a step of 6 rows
-     * takes ~1.5x one of 1-2 rows, 8 rows ~2x (qwen2.5-coder-1.5b,
-     * docs/bench/serve.md) */
+     * their weights up to a few rows per thread, then pay per row: at 2
+     * threads a step of 4 rows takes 1.1x one of 2 rows, 8 rows 1.5x, 12
+     * rows 2.4x, prompt rows or decode rows alike (qwen2.5-coder-1.5b,
+     * scripts/bench_step_mix.py, docs/bench/serve.md) */
     if (p.n_chunk == 0) p.n_chunk = 3 * p.n_threads;
     if (p.n_chunk > p.n_batch) p.n_chunk = p.n_batch;
     if (p.n_chunk < 1) { set_err(err, err_len, "n_chunk must be >= 1, got %d", p.n_chunk); return CB_ERR_ARG; }
