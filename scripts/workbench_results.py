@@ -100,6 +100,10 @@ NOTES = {
     "20261202-001540": "`colibri-lab run` took the package of the worktree (fd60775 plus the uncommitted "
                        "share_scheduling_group change to experiments/servers.py, which this experiment does not "
                        "use): the dirty flag. The engine is 25d2856's.",
+    "20261202-073624": "Commit 32c3ce1 is 88261d4 before it was rebased onto main (the same engine, spec and "
+                       "notebook). `colibri` is ours at default flags, which since this commit means a row budget "
+                       "of 3 rows per thread (6 here) for a step in which streams decode; `colibri chunk 4` the same "
+                       "with 4 rows.",
     "20261202-014939": "The run started from 63fa89a's spec and notebook (ours at default flags and at --chunk 8 "
                        "beside llama.cpp's; meta.json's experiment records that spec) while its clone moved to "
                        "b8b99f6, which changed only those two files (to ours at --chunk 8 alone) and is the commit "
