@@ -233,6 +233,9 @@ CATEGORY_ARMS = {
     "cross_vocab": {"sources": ["cross_vocab"], "k_max": 8},
     "layer_skip": {"sources": ["layer_skip"], "k_max": 8},
     "adaptive": {"sources": ["prompt_lookup", "draft", "cross_vocab"], "k_max": 16},
+    # prompt lookup where the text copies, the same-vocabulary draft model where it does not: the policy
+    # prices both per step, and a draft-model draft that reaches copied text continues by lookup
+    "combined": {"sources": ["prompt_lookup", "draft"], "k_max": 16},
 }
 
 

@@ -188,7 +188,7 @@ def run_part(a):
                                                 draft_model=draft, xdraft_model=cross)
             return shared["core"]
         kw = dict(n_slots=1, n_ctx=n_ctx, n_threads=a.threads)
-        if arm in ("draft", "adaptive"):
+        if arm in ("draft", "adaptive", "combined"):
             kw["draft_model"] = draft
         if arm in ("cross_vocab", "adaptive"):
             kw["xdraft_model"] = cross

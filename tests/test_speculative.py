@@ -106,6 +106,28 @@ def test_greedy_output_identical_for_every_source(smol):
 
 
 @pytest.mark.smollm2
+def test_combined_lookup_and_draft_model_is_identical_to_plain_greedy(smol):
+    """Lookup and the draft model priced per step, a draft-model draft continued by lookup where it
+    reaches copied text, in mixed batches of four slots (the rows left for continuations are shared)."""
+    model, draft, prompts = smol
+    plain = _engine.Engine(model, n_slots=4, n_ctx=512, n_threads=2)
+    ref = run_all(plain, [(p, dict(max_tokens=96)) for p in prompts])
+    core = _engine.Engine(model, n_slots=4, n_ctx=512, n_threads=2, draft_model=draft)
+    spec = {"sources": ["prompt_lookup", "draft"], "k_max": 8}
+    res = run_all(core, [(p, dict(max_tokens=96, speculative=spec) if i % 4 != 3 else dict(max_tokens=96))
+                         for i, p in enumerate(prompts)])
+    for i, (a, b) in enumerate(zip(ref, res)):
+        assert b["error"] is None, b["error"]
+        assert a["tokens"] == b["tokens"], f"prompt {i} differs from plain greedy"
+    for r in res:
+        m = r["metrics"]
+        assert m["draft_n"] == sum(m["draft_n_by_source"].values())
+        assert m["draft_accepted"] == sum(m["draft_accepted_by_source"].values()) == sum(m["draft_accepted_by_pos"])
+        assert all(m["draft_accepted_by_source"][s] <= n for s, n in m["draft_n_by_source"].items())
+    assert sum(r["metrics"]["draft_n"] for r in res) > 0
+
+
+@pytest.mark.smollm2
 def test_prompt_lookup_accepts_on_copy_heavy_prompt(smol):
     model, _, _ = smol
     from colibri_lab.chat import render
@@ -425,7 +447,7 @@ def test_every_source_on_the_real_pair_is_identical_to_plain_greedy(real_model, 
     kw = dict(n_slots=len(prompts), n_ctx=1024, n_threads=2)
     ref = run_all(_engine.Engine(q15, **kw), [(p, dict(max_tokens=16)) for _, p in prompts])
     core = _engine.Engine(q15, draft_model=q05, xdraft_model=smol, skip_layers=cal.skip_layers, **kw)
-    configs = [["prompt_lookup"], ["draft"], ["cross_vocab"], ["layer_skip"],
+    configs = [["prompt_lookup"], ["draft"], ["cross_vocab"], ["layer_skip"], ["prompt_lookup", "draft"],
                ["prompt_lookup", "draft", "cross_vocab", "layer_skip"]]
     for sources in configs:
         spec = {"sources": sources, "k_max": 4, "adaptive": len(sources) > 1}
@@ -438,6 +460,34 @@ def test_every_source_on_the_real_pair_is_identical_to_plain_greedy(real_model, 
     # the 0.5B drafts well for the 1.5B: a real draft pair
     st = core.spec_stats()["draft"]
     assert st["accept_rate"] > 0.3, st
+
+
+@pytest.mark.realmodels
+def test_combined_source_on_code_edits_continues_draft_model_drafts_by_lookup(real_model):
+    """The combined source (prompt lookup and qwen2.5-coder-0.5b) on code edits: identical to plain
+    greedy, both sources' drafts accepted, and draft-model drafts that reached copied text continued by
+    lookup (each such draft is recorded once for each source, so the policy holds more drafts than the
+    requests had draft steps)."""
+    from colibri_lab.speculative import CATEGORY_ARMS, category_prompts
+    from colibri_lab.tokenizer import Tokenizer
+
+    q15 = _engine.Model(str(real_model("qwen2.5-coder-1.5b")))
+    q05 = _engine.Model(str(real_model("qwen2.5-coder-0.5b")))
+    meta = q15.metadata()
+    tok = Tokenizer.from_metadata(meta)
+    prompts = category_prompts(tok, meta["tokenizer.chat_template"], ["code_editing"], 3)["code_editing"]
+    ref = run_all(_engine.Engine(q15, n_slots=1, n_ctx=1024, n_threads=2),
+                  [(p, dict(max_tokens=64)) for _, p in prompts])
+    core = _engine.Engine(q15, n_slots=1, n_ctx=1024, n_threads=2, draft_model=q05)
+    res = run_all(core, [(p, dict(max_tokens=64, speculative=CATEGORY_ARMS["combined"])) for _, p in prompts])
+    for (item, _), a, b in zip(prompts, ref, res):
+        assert b["error"] is None, b["error"]
+        assert a["tokens"] == b["tokens"], f"{item} differs from plain greedy"
+    acc = {s: sum(r["metrics"]["draft_accepted_by_source"].get(s, 0) for r in res) for s in ("prompt_lookup", "draft")}
+    assert acc["prompt_lookup"] > 0 and acc["draft"] > 0, acc
+    st = core.spec_stats()
+    steps = sum(r["metrics"]["draft_steps"] for r in res)
+    assert st["prompt_lookup"]["drafts"] + st["draft"]["drafts"] > steps, (st, steps)
 
 
 @pytest.mark.realmodels

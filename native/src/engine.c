@@ -66,6 +66,10 @@ typedef struct {
     int32_t  draft[CB_SPEC_MAX_K];
     int      lrow0;          /* first logits row of this request in the step */
     int      k_want;         /* drafts asked of a drafter this step */
+    int      draft_cap;      /* most draft rows this step (max_tokens, context, room) */
+    int      n_draft_model;  /* of the drafts, the drafter's; the rest continue them by prompt lookup */
+    int      ext_cls;        /* that continuation's lookup class */
+    int      drafters_synced;/* the drafters have the prompt (prefilled with it) */
     int      base_pos;       /* position of `pending` in this step */
     cb_request_metrics spec_m; /* draft counters accumulated (draft_* fields only) */
     cb_spec_req sq;          /* this request's acceptance per source, for the policy */
@@ -118,6 +122,7 @@ struct cb_engine {
     cb_draft_job *jobs;            /* [n_slots] drafting jobs of one step */
     int      *job_req;             /* [n_slots] request index per job */
     double    step_draft_ms;
+    int       plan_base_rows;      /* decode rows of the step being planned (drafts' verify base) */
 };
 
 #define CB_FORCED_MAX 256  /* longest grammar-forced span drafted at once (bytes) */
@@ -753,6 +758,7 @@ static int choose_draft(cb_engine *e, cb_request *r, int base_rows, int room, in
     if (cap > room) cap = room;
     if (cap > CB_SPEC_MAX_K) cap = CB_SPEC_MAX_K;
     if (cap <= 0) return 0;
+    r->draft_cap = cap;
     sl->tokens[sl->n_past] = r->pending;  /* history: the slot's tokens plus the pending one */
     int32_t ldraft[CB_SPEC_MAX_K];
     int best = -1, best_k = 0, best_cls = 0;
@@ -802,6 +808,7 @@ static int choose_draft(cb_engine *e, cb_request *r, int base_rows, int room, in
     }
     if (best < 0) return 0;
     r->draft_cls = best_cls;
+    r->n_draft_model = best_k;
     if (best == cb_spec_bit(CB_SPEC_GRAMMAR)) {
         r->n_draft = best_k;
         r->draft_src = best;
@@ -817,6 +824,30 @@ static int choose_draft(cb_engine *e, cb_request *r, int base_rows, int room, in
     r->k_want = best_k;
     pending_drafter[best]++;
     return 0;
+}
+
+/* A drafter's draft continued by prompt lookup (cb_draft_extend_fn): once
+ * the history and the tokens drafted so far end in a match whose lookup
+ * class pays on top of the rows already drafted, the rest of the draft is
+ * what followed the match, and the drafter stops.  Where an edit returns to
+ * copied text this drafts the copy at no drafting cost. */
+static int extend_by_lookup(void *ctx, int idx, const int32_t *drafted, int n, int32_t *ext, int want, int cap) {
+    cb_engine *e = ctx;
+    cb_request *r = &e->reqs[idx];
+    cb_slot *sl = &e->slots[r->slot];
+    int n_hist = sl->n_past + 1;  /* the slot's tokens and the pending one */
+    if (n < 1 || cap < 1 || n_hist + n + cap > e->params.n_ctx) return 0;
+    /* the drafts go where the verify batch will put them (batch_decode_rows) */
+    memcpy(sl->tokens + n_hist, drafted, (size_t)n * sizeof(int32_t));
+    int mlen = 0;
+    int got = cb_lookup_draft_ex(sl->tokens, n_hist + n, r->spec.ngram_min, r->spec.ngram_max, cap, ext, &mlen);
+    if (got <= 0) return 0;
+    int cls = cb_lookup_class(mlen);
+    int k = cb_spec_policy_k_ext(&e->policy, cb_spec_bit(CB_SPEC_LOOKUP), cls, &r->spec, e->plan_base_rows + n, got);
+    if (k > got) k = got;
+    if (k < want || k < 1) return 0;  /* shallower than the drafter would go: it drafts on */
+    r->ext_cls = cls;
+    return k;
 }
 
 /* One drafting pass of drafter `b` for every request queued for it, within
@@ -839,21 +870,47 @@ static void run_drafter(cb_engine *e, int b, int *room) {
         J->hist = sl->tokens;
         J->n_hist = sl->n_past + 1;
         J->k = k;
+        J->k_total = k;
+        J->n_model = -1;
         J->out = r->draft;
         e->job_req[nj++] = idx;
+    }
+    /* a same-vocabulary drafter's draft may continue by prompt lookup, in
+     * the rows left after every job's own (shared evenly) */
+    if (b != cb_spec_bit(CB_SPEC_XDRAFT) && nj > 0) {
+        int share = *room / nj;
+        for (int j = 0; j < nj; j++) {
+            cb_request *r = &e->reqs[e->job_req[j]];
+            cb_draft_job *J = &e->jobs[j];
+            if (!(r->spec.sources & CB_SPEC_LOOKUP)) continue;
+            int total = r->draft_cap < J->k + share ? r->draft_cap : J->k + share;
+            if (total > r->spec.k_max) total = r->spec.k_max;  /* k_max bounds the whole draft */
+            if (total > CB_SPEC_MAX_K) total = CB_SPEC_MAX_K;
+            if (total <= J->k) continue;
+            J->k_total = total;
+            J->extend = extend_by_lookup;
+            J->extend_ctx = e;
+            J->extend_arg = e->job_req[j];
+            *room -= total - J->k;
+        }
     }
     double t = now_ms();
     if (b == cb_spec_bit(CB_SPEC_XDRAFT)) cb_xdrafter_draft(&e->xdraft, e->jobs, nj);
     else cb_drafter_draft(d, e->jobs, nj);
     int made = 0;
     for (int j = 0; j < nj; j++) {
-        e->reqs[e->job_req[j]].n_draft = e->jobs[j].n_out;
-        made += e->jobs[j].n_out;
+        cb_draft_job *J = &e->jobs[j];
+        cb_request *r = &e->reqs[e->job_req[j]];
+        int reserved = J->k_total > 0 ? J->k_total : 0;
+        r->n_draft = J->n_out;
+        r->n_draft_model = J->n_model >= 0 && J->n_model <= J->n_out ? J->n_model : J->n_out;
+        made += r->n_draft_model;
+        if (reserved > J->n_out) *room += reserved - J->n_out;  /* rows not used go back */
     }
     double total = now_ms() - t, spent = total - cb_drafter_last_catchup_ms(d);
     for (int j = 0; j < nj; j++)  /* the pass's time, split by the tokens each request got */
-        e->reqs[e->job_req[j]].draft_ms += made > 0 ? total * e->jobs[j].n_out / made : total / nj;
-    if (made > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / made;
+        e->reqs[e->job_req[j]].draft_ms += made > 0 ? total * e->reqs[e->job_req[j]].n_draft_model / made : total / nj;
+    if (made > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / made;  /* per drafter token */
     else if (nj > 0) e->policy.draft_ms_tok[b] = 0.9 * e->policy.draft_ms_tok[b] + 0.1 * spent / nj;
 }
 
@@ -863,9 +920,11 @@ static void run_drafter(cb_engine *e, int b, int *room) {
 static void make_drafts(cb_engine *e, int base_rows, int room) {
     int pending_drafter[CB_SPEC_N_SOURCES] = { 0 };
     double td = now_ms();
+    e->plan_base_rows = base_rows;
     for (int o = 0; o < e->n_order; o++) {
         cb_request *r = &e->reqs[e->order[o]];
         r->n_draft = 0;
+        r->n_draft_model = 0;
         r->draft_cls = 0;
         if (r->state != RQ_DECODE || !r->spec.sources) continue;
         room -= choose_draft(e, r, base_rows, room, pending_drafter);
@@ -1049,6 +1108,30 @@ static void run_forward(cb_engine *e, int n) {
     }
 }
 
+/* A prompt the target finished prefilling in this step goes through the
+ * drafters its request may draft with, in this step: the
+ * drafter's prefill is part of the prompt's (it delays the first token, as
+ * the target's own prefill does), and the first draft then has only the
+ * pending token to catch up on. */
+static void sync_drafters(cb_engine *e) {
+    double t = now_ms();
+    int ran = 0;
+    for (int k = 0; k < e->n_order; k++) {
+        cb_request *r = &e->reqs[e->order[k]];
+        if (r->state != RQ_PREFILL || r->drafters_synced || r->max_tokens <= 0) continue;
+        cb_slot *sl = &e->slots[r->slot];
+        if (sl->n_past < r->n_prompt) continue;
+        r->drafters_synced = 1;
+        if ((r->spec.sources & CB_SPEC_DRAFT) && e->draft_model.model)
+            ran += cb_drafter_sync(&e->draft_model, r->slot, sl->tokens, sl->n_past);
+        if ((r->spec.sources & CB_SPEC_LAYERSKIP) && e->layer_skip.model)
+            ran += cb_drafter_sync(&e->layer_skip, r->slot, sl->tokens, sl->n_past);
+        if ((r->spec.sources & CB_SPEC_XDRAFT) && e->xdraft.target)
+            ran += cb_xdrafter_sync(&e->xdraft, r->slot, sl->tokens, sl->n_past);
+    }
+    if (ran) e->step_draft_ms += now_ms() - t;  /* drafter work: kept out of the verify-cost record */
+}
+
 /* prompts' progress; `ts` is when a prompt that ended in this step was prefilled */
 static void advance_prefills(cb_engine *e, double ts) {
     for (int k = 0; k < e->n_order; k++) {
@@ -1092,13 +1175,17 @@ static void emit_scores(cb_engine *e) {
 static int verify_drafts(cb_engine *e, int idx, int lr) {
     cb_request *r = &e->reqs[idx];
     int n_draft = r->n_draft, src = r->draft_src, base = r->base_pos, acc = 0, r_cls = r->draft_cls;
+    /* drafts [0, n_model) are the source's, the rest a lookup continuation of them */
+    int n_model = r->n_draft_model > 0 && r->n_draft_model < n_draft ? r->n_draft_model : n_draft;
+    const int lk = cb_spec_bit(CB_SPEC_LOOKUP), x_cls = r->ext_cls;
     cb_slot *sl = &e->slots[r->slot];
     cb_request_metrics *sm = &r->spec_m;
     int32_t draft[CB_SPEC_MAX_K];
     memcpy(draft, r->draft, sizeof draft);  /* r is released if the request ends mid-way */
     if (n_draft > 0) {  /* counted before sampling so a request that ends here reports them */
         sm->draft_n += n_draft;
-        sm->draft_n_source[src] += n_draft;
+        sm->draft_n_source[src] += n_model;
+        sm->draft_n_source[lk] += n_draft - n_model;
         sm->draft_steps++;
     }
     for (int j = 0; j <= n_draft; j++) {
@@ -1110,12 +1197,18 @@ static int verify_drafts(cb_engine *e, int idx, int lr) {
         e->events[(e->ev_head + e->ev_count - 1) % e->ev_cap].drafted = 1;
         acc++;
         sm->draft_accepted++;
-        sm->draft_accepted_source[src]++;
+        sm->draft_accepted_source[j < n_model ? src : lk]++;
         sm->draft_accepted_pos[j]++;
     }
     if (n_draft > 0) {
-        cb_spec_policy_record_class(&e->policy, src, r_cls, n_draft, acc);
-        if (r->state != RQ_FREE) cb_spec_req_record(&r->sq, src, n_draft, acc);  /* still running */
+        int alive = r->state != RQ_FREE;
+        int a_model = acc < n_model ? acc : n_model;
+        cb_spec_policy_record_class(&e->policy, src, r_cls, n_model, a_model);
+        if (alive) cb_spec_req_record(&r->sq, src, n_model, a_model);  /* still running */
+        if (n_draft > n_model && acc >= n_model) {  /* the continuation was reached: a lookup draft of its class */
+            cb_spec_policy_record_class(&e->policy, lk, x_cls, n_draft - n_model, acc - n_model);
+            if (alive) cb_spec_req_record(&r->sq, lk, n_draft - n_model, acc - n_model);
+        }
     }
     return n_draft + 1;
 }
@@ -1194,6 +1287,7 @@ int cb_engine_step(cb_engine *e, cb_event *events, int max_events) {
     batch_decode_rows(e, &s);
     batch_prefill_chunks(e, &s, n_prefilling);
     run_forward(e, s.n);  /* 4 */
+    sync_drafters(e);
     double ts = now_ms();
     advance_prefills(e, ts);
     emit_scores(e);

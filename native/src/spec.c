@@ -91,9 +91,14 @@ static void drafter_forward(cb_drafter *d, int n) {
 /* The drafted token for job J from logits row x: the argmax, or while the
  * job's prefix is not yet spelled, the most likely token that spells the next bytes of it
  * with what is left of it (ordinary text tokens only).  -1: none agrees. */
-static int pick(const cb_drafter *d, const cb_draft_job *J, int *pfx_done, const float *x) {
+static int pick(const cb_drafter *d, const cb_draft_job *J, int *pfx_done, int row) {
     const int n_vocab = d->model->info.n_vocab;
-    if (!J->prefix || *pfx_done >= J->n_prefix) return argmax(x, n_vocab);
+    const float *x = d->ctx.logits + (size_t)row * n_vocab;
+    if (!J->prefix || *pfx_done >= J->n_prefix) {
+        /* the LM head found the row's first maximum as it wrote it */
+        int64_t h = d->ctx.head_idx[row];
+        return h >= 0 && h < n_vocab ? (int)h : argmax(x, n_vocab);
+    }
     const uint8_t *rest = J->prefix + *pfx_done;
     const size_t n_rest = (size_t)(J->n_prefix - *pfx_done);
     int best = -1;
@@ -117,23 +122,66 @@ static int pick(const cb_drafter *d, const cb_draft_job *J, int *pfx_done, const
     return best;
 }
 
+/* Common prefix of the slot's drafter KV and hist[0..lim), cut to what the
+ * KV can still serve; the slot's record is trimmed to it. */
+static int drafter_keep(cb_drafter *d, int slot, const int32_t *hist, int lim) {
+    const int32_t *have = d->tokens + (size_t)slot * d->ctx.n_ctx;
+    int lcp = 0;
+    if (lim > d->n_past[slot]) lim = d->n_past[slot];
+    while (lcp < lim && have[lcp] == hist[lcp]) lcp++;
+    lcp = cb_kv_usable(&d->ctx, slot, lcp);  /* a sliding window's ring may have moved on */
+    cb_kv_keep(&d->ctx, slot, lcp);
+    d->n_past[slot] = lcp;
+    return lcp;
+}
+
+int cb_drafter_sync(cb_drafter *d, int slot, const int32_t *hist, int n_hist) {
+    if (!d || !d->model || !hist || slot < 0 || slot >= d->ctx.n_slots || n_hist < 1 || n_hist > d->ctx.n_ctx)
+        return 0;
+    int p = drafter_keep(d, slot, hist, n_hist), rows = 0;
+    while (p < n_hist) {
+        int n = 0;
+        while (p < n_hist && n < d->ctx.n_batch) {
+            d->b_tokens[n] = hist[p];
+            d->b_pos[n] = p;
+            d->b_slot[n] = slot;
+            d->b_logit[n] = -1;  /* no logits: nothing is drafted from here */
+            n++, p++;
+        }
+        drafter_forward(d, n);
+        rows += n;
+    }
+    return rows;
+}
+
+/* Token t drafted for job J: append it, then offer the draft to J's
+ * extension; a continuation ends the job.  Returns 0 when J drafts on. */
+static int append_draft(cb_draft_job *J, int32_t t) {
+    J->out[J->n_out++] = t;
+    int total = J->k_total > J->k ? J->k_total : J->k;
+    if (!J->extend || J->n_out >= total) return 0;
+    int want = J->k > J->n_out ? J->k - J->n_out : 1;
+    int got = J->extend(J->extend_ctx, J->extend_arg, J->out, J->n_out, J->out + J->n_out, want, total - J->n_out);
+    if (got < want) return 0;
+    if (got > total - J->n_out) got = total - J->n_out;
+    J->n_model = J->n_out;
+    J->n_out += got;
+    J->k = J->n_out;  /* done: the step loop drafts only for jobs with n_out == step < k */
+    return 1;
+}
+
 void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
-    const int n_ctx = d->ctx.n_ctx, n_batch = d->ctx.n_batch, n_vocab = d->model->info.n_vocab;
+    const int n_ctx = d->ctx.n_ctx, n_batch = d->ctx.n_batch;
     int next[256];   /* per job: next history index to feed (catch-up) */
     int pdone[256];  /* per job: prefix bytes spelled so far */
     if (n_jobs > 256) n_jobs = 256;
     for (int j = 0; j < n_jobs; j++) {
         cb_draft_job *J = &jobs[j];
         J->n_out = 0;
+        J->n_model = -1;
         pdone[j] = 0;
         if (J->n_hist < 1 || J->n_hist > n_ctx) { J->k = 0; continue; }
-        const int32_t *have = d->tokens + (size_t)J->slot * n_ctx;
-        int lcp = 0, lim = d->n_past[J->slot] < J->n_hist - 1 ? d->n_past[J->slot] : J->n_hist - 1;
-        while (lcp < lim && have[lcp] == J->hist[lcp]) lcp++;
-        lcp = cb_kv_usable(&d->ctx, J->slot, lcp);  /* a sliding window's ring may have moved on */
-        cb_kv_keep(&d->ctx, J->slot, lcp);
-        d->n_past[J->slot] = lcp;
-        next[j] = lcp;
+        next[j] = drafter_keep(d, J->slot, J->hist, J->n_hist - 1);
     }
     /* catch up: feed each job's history; the last history row gives the first draft */
     struct timespec ts0, ts1;
@@ -161,9 +209,9 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         for (int r = 0; r < n_logit; r++) {
             int j = d->row_req[r];
             cb_draft_job *J = &jobs[j];
-            int t = pick(d, J, &pdone[j], d->ctx.logits + (size_t)r * n_vocab);
+            int t = pick(d, J, &pdone[j], r);
             if (t < 0) { J->k = 0; continue; }
-            J->out[J->n_out++] = t;
+            append_draft(J, t);
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &ts1);
@@ -194,11 +242,13 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         for (int r = 0; r < n; r++) {
             int j = d->row_req[r];
             cb_draft_job *J = &jobs[j];
-            int t = pick(d, J, &pdone[j], d->ctx.logits + (size_t)r * n_vocab);
+            int t = pick(d, J, &pdone[j], r);
             if (t < 0) { J->k = J->n_out; continue; }
-            J->out[J->n_out++] = t;
+            append_draft(J, t);
         }
     }
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].n_model < 0) jobs[j].n_model = jobs[j].n_out;
     /* What of the catch-up was history rather than drafting: all but the
      * time of one drafting forward.  The catch-up forward also drafts the
      * first token, and a few extra rows (the tokens accepted since the last
@@ -384,6 +434,14 @@ static void xslot_sync(cb_xdrafter *x, int s, const int32_t *hist, int n) {
         S->n_tail += (int)len;
     }
     xslot_commit(x, S, 0);
+}
+
+int cb_xdrafter_sync(cb_xdrafter *x, int slot, const int32_t *hist, int n_hist) {
+    if (!x || !x->slots || !hist || slot < 0 || slot >= x->n_slots || n_hist < 1) return 0;
+    xslot_sync(x, slot, hist, n_hist);
+    cb_xslot *S = &x->slots[slot];
+    if (S->broken || S->n_dtok < 1) return 0;
+    return cb_drafter_sync(&x->d, slot, S->dtok, S->n_dtok);
 }
 
 void cb_xdrafter_draft(cb_xdrafter *x, cb_draft_job *jobs, int n_jobs) {
@@ -607,6 +665,33 @@ static int64_t lookup_class_drafts(const cb_spec_policy *p, int b, int cls) {
     for (int s = cls; s >= 0; s--)
         if (p->cls[b][s].tried[0] > 0) return p->cls[b][s].drafts;
     return 0;
+}
+
+static int clamp_k(const cb_spec_params *sp);
+
+int cb_spec_policy_k_ext(const cb_spec_policy *p, int b, int cls, const cb_spec_params *sp, int base_rows,
+                         int n_avail) {
+    if (!p || b < 0 || b >= CB_SPEC_N_SOURCES || cls < 0 || cls >= CB_SPEC_N_CLASS || n_avail < 1) return 0;
+    int k_max = clamp_k(sp);
+    if (k_max > n_avail) k_max = n_avail;
+    if (!sp->adaptive) return k_max;
+    double r[CB_SPEC_MAX_K], t[CB_SPEC_MAX_K + 1];
+    lookup_class_rates(p, b, cls, k_max, r);
+    step_times(p, base_rows, k_max, t);
+    double one = step_time_raw(p, 1);
+    if (!(one > 0) || !(t[0] > 0)) return 0;  /* nothing measured yet: no extension */
+    /* expected accepted tokens of the extension less its rows' extra verify
+     * time, in decode steps (one step buys one token) */
+    double best = 0, e = 0, prod = 1;
+    int best_k = 0;
+    for (int k = 1; k <= k_max; k++) {
+        prod *= r[k - 1];
+        e += prod;
+        double net = e - (t[k] - t[0]) / one;
+        if (net > best) { best = net; best_k = k; }
+    }
+    if (lookup_class_drafts(p, b, cls) < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
+    return best_k;
 }
 
 int cb_spec_policy_class_learning(const cb_spec_policy *p, int b, int cls) {

@@ -41,20 +41,40 @@ void cb_drafter_free(cb_drafter *d);
  * the most likely token that spells the next bytes of it): the
  * cross-vocabulary drafter continues from its own token boundary, which may
  * lie inside the text already decided. */
+/* A continuation of a draft from elsewhere (prompt lookup over the history
+ * and the tokens drafted so far): writes up to cap tokens to ext and returns
+ * how many, at least `want` (the tokens the model would still draft) or 0:
+ * none, the model drafts on. */
+typedef int (*cb_draft_extend_fn)(void *ctx, int arg, const int32_t *drafted, int n_drafted, int32_t *ext, int want,
+                                  int cap);
+
 typedef struct {
     int            slot;
     const int32_t *hist;
     int            n_hist;
     int            k;
-    int32_t       *out;     /* [k] drafted tokens */
+    int32_t       *out;     /* [max(k, k_total)] drafted tokens */
     int            n_out;   /* filled in */
     const uint8_t *prefix;  /* nullable */
     int            n_prefix;
+    /* nullable: asked after each token the model drafts (while it has k_total
+     * > n_out); a continuation it gives ends the job (the model drafts no
+     * further), up to k_total tokens in all.  A copied span then costs no
+     * drafting forwards. */
+    cb_draft_extend_fn extend;
+    void          *extend_ctx;
+    int            extend_arg;
+    int            k_total;
+    int            n_model; /* filled in: tokens the model drafted (out[n_model..n_out) came from extend) */
 } cb_draft_job;
 
 /* Draft greedily for all jobs at once: one batched forward per draft
  * position (plus catch-up prefill of each slot's history). */
 void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs);
+/* Bring the drafter's KV of `slot` up to hist[0..n_hist) without drafting
+ * (a prompt just prefilled by the target: its drafter prefill belongs to
+ * the prompt, not to the first draft).  Returns the rows it ran. */
+int  cb_drafter_sync(cb_drafter *d, int slot, const int32_t *hist, int n_hist);
 /* Time (ms) the last cb_drafter_draft spent catching up on history rather
  * than drafting: a one-off cost per new prompt, kept out of the per-token
  * drafting cost the policy weighs. */
@@ -114,6 +134,9 @@ int  cb_xdrafter_init(cb_xdrafter *x, const cb_model *target, const cb_model *dr
 void cb_xdrafter_free(cb_xdrafter *x);
 /* Draft for all jobs (histories and outputs in the target's vocabulary). */
 void cb_xdrafter_draft(cb_xdrafter *x, cb_draft_job *jobs, int n_jobs);
+/* cb_drafter_sync for the cross-vocabulary drafter: the slot's text up to
+ * the target history hist[0..n_hist), its stable drafter tokens prefilled. */
+int  cb_xdrafter_sync(cb_xdrafter *x, int slot, const int32_t *hist, int n_hist);
 
 /* Prompt lookup: among the earlier occurrences of the history's last tokens,
  * take the one whose match with the suffix is longest (compared up to
@@ -187,6 +210,12 @@ int  cb_spec_policy_k(cb_spec_policy *p, int source_bit, const cb_spec_params *s
  * the choice can depend on what was found.  0: not worth verifying. */
 int  cb_spec_policy_k_class(cb_spec_policy *p, int source_bit, int cls, const cb_spec_params *sp, int base_rows,
                             int n_avail);
+/* Depth of a lookup draft of class `cls` appended to a draft that already
+ * puts base_rows rows in the step (a drafter's tokens before it): priced at
+ * the marginal verify cost of its rows, 0 when it does not pay.  Pricing
+ * only: no probes, no exploration, no decision counted. */
+int  cb_spec_policy_k_ext(const cb_spec_policy *p, int source_bit, int cls, const cb_spec_params *sp, int base_rows,
+                          int n_avail);
 /* Whether class `cls` of source b is still in its warm-up (fewer verified
  * drafts behind its estimates than the policy trusts): its estimate is the
  * prior, so comparing it with a learned source's would never try it. */

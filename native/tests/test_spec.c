@@ -267,6 +267,47 @@ static void test_policy_plan_per_request(void) {
     CHECK(st->decisions > 0 && st->declined > 0 && st->decline_rate > 0 && st->decline_rate <= 1);
 }
 
+/* A lookup continuation of a drafter's draft is priced at the marginal
+ * cost of its rows, pays only with enough acceptance, and pricing changes
+ * nothing in the policy. */
+static void test_policy_extension(void) {
+    cb_spec_params sp = { CB_SPEC_LOOKUP | CB_SPEC_DRAFT, 16, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 3;
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    CHECK(cb_spec_policy_k_ext(&p, b, cls, &sp, 3, 8) == 0);  /* no step measured yet: no extension */
+    feed_costs(&p, 5.0, 0.25, 20);
+    feed_accept(&p, b, cls, 16, 0.9);
+    cb_spec_policy before = p;
+    int k = cb_spec_policy_k_ext(&p, b, cls, &sp, 3, 12);
+    CHECK_MSG(k >= 4 && k <= 12, "a copy accepted at 0.9 with cheap rows should extend deep, got %d", k);
+    CHECK_MSG(memcmp(&before, &p, sizeof p) == 0, "pricing an extension changed the policy");
+    CHECK(cb_spec_policy_k_ext(&p, b, cls, &sp, 3, 2) <= 2);           /* bounded by what lookup found */
+    /* rows that cost more each buy a shallower extension */
+    cb_spec_policy steep;
+    cb_spec_policy_init(&steep);
+    feed_costs(&steep, 5.0, 2.5, 20);
+    feed_accept(&steep, b, cls, 16, 0.9);
+    int ks = cb_spec_policy_k_ext(&steep, b, cls, &sp, 3, 12);
+    CHECK_MSG(ks < k, "steep rows %d vs cheap rows %d", ks, k);
+    /* a class that is rarely accepted does not pay as an extension */
+    cb_spec_policy poor;
+    cb_spec_policy_init(&poor);
+    feed_costs(&poor, 5.0, 1.0, 20);
+    feed_accept(&poor, b, 0, 16, 0.1);
+    CHECK_MSG(cb_spec_policy_k_ext(&poor, b, 0, &sp, 3, 12) == 0, "acceptance 0.1 extended");
+    /* adaptive off: what lookup found up to k_max; bad arguments decline */
+    cb_spec_params fixed = sp;
+    fixed.adaptive = 0;
+    fixed.k_max = 5;
+    CHECK(cb_spec_policy_k_ext(&poor, b, 0, &fixed, 3, 12) == 5);
+    CHECK(cb_spec_policy_k_ext(&poor, b, 0, &fixed, 3, 2) == 2);
+    CHECK(cb_spec_policy_k_ext(&p, b, CB_SPEC_N_CLASS, &sp, 3, 4) == 0);
+    CHECK(cb_spec_policy_k_ext(&p, -1, 0, &sp, 3, 4) == 0);
+    CHECK(cb_spec_policy_k_ext(&p, b, 0, &sp, 3, 0) == 0);
+    CHECK(cb_spec_policy_k_ext(NULL, b, 0, &sp, 3, 4) == 0);
+}
+
 int main(void) {
     test_lookup_cases();
     test_lookup_random();
@@ -276,5 +317,6 @@ int main(void) {
     test_policy_carry_forward();
     test_policy_longer_match_inherits();
     test_policy_plan_per_request();
+    test_policy_extension();
     return cb_test_report("test_spec");
 }
