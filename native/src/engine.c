@@ -789,7 +789,7 @@ static int choose_draft(cb_engine *e, cb_request *r, int base_rows, int room, in
             if (got <= 0) continue;
             e->policy.draft_ms_tok[bit] = 0.9 * e->policy.draft_ms_tok[bit] + 0.1 * dt / got;
             cls = cb_lookup_class(mlen);
-            k = cb_spec_policy_k_class(&e->policy, bit, cls, &r->spec, base_rows, got);
+            k = cb_spec_policy_k_class_req(&e->policy, &r->sq, bit, cls, &r->spec, base_rows, got);
             if (k > got) k = got;
             g = e->policy.st[bit].expected_gain;
             if (k > 0 && g < 1.0) g = 1.0 + 1e-9;  /* a probe: only when nothing else pays */
@@ -843,7 +843,8 @@ static int extend_by_lookup(void *ctx, int idx, const int32_t *drafted, int n, i
     int got = cb_lookup_draft_ex(sl->tokens, n_hist + n, r->spec.ngram_min, r->spec.ngram_max, cap, ext, &mlen);
     if (got <= 0) return 0;
     int cls = cb_lookup_class(mlen);
-    int k = cb_spec_policy_k_ext(&e->policy, cb_spec_bit(CB_SPEC_LOOKUP), cls, &r->spec, e->plan_base_rows + n, got);
+    int k = cb_spec_policy_k_ext(&e->policy, &r->sq, cb_spec_bit(CB_SPEC_LOOKUP), cls, &r->spec,
+                                 e->plan_base_rows + n, got);
     if (k > got) k = got;
     if (k < want || k < 1) return 0;  /* shallower than the drafter would go: it drafts on */
     r->ext_cls = cls;
@@ -1204,10 +1205,16 @@ static int verify_drafts(cb_engine *e, int idx, int lr) {
         int alive = r->state != RQ_FREE;
         int a_model = acc < n_model ? acc : n_model;
         cb_spec_policy_record_class(&e->policy, src, r_cls, n_model, a_model);
-        if (alive) cb_spec_req_record(&r->sq, src, n_model, a_model);  /* still running */
+        if (alive) {  /* still running */
+            cb_spec_req_record(&r->sq, src, n_model, a_model);
+            if (src == lk) cb_spec_req_record_class(&r->sq, r_cls, n_model, a_model);
+        }
         if (n_draft > n_model && acc >= n_model) {  /* the continuation was reached: a lookup draft of its class */
             cb_spec_policy_record_class(&e->policy, lk, x_cls, n_draft - n_model, acc - n_model);
-            if (alive) cb_spec_req_record(&r->sq, lk, n_draft - n_model, acc - n_model);
+            if (alive) {
+                cb_spec_req_record(&r->sq, lk, n_draft - n_model, acc - n_model);
+                cb_spec_req_record_class(&r->sq, x_cls, n_draft - n_model, acc - n_model);
+            }
         }
     }
     return n_draft + 1;

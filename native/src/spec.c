@@ -660,6 +660,16 @@ static void lookup_class_rates(const cb_spec_policy *p, int b, int cls, int k_ma
     }
 }
 
+#define CB_SPEC_REQ_PRIOR 4.0  /* the engine-wide estimate weighs as much as this many of a request's verifications */
+
+/* Rates r[0..k_max) blended with request q's record of lookup class cls
+ * (positions it has not reached keep the engine-wide rate). */
+static void blend_req_class(const cb_spec_req *q, int cls, int k_max, double *r) {
+    if (!q) return;
+    for (int i = 0; i < k_max; i++)
+        r[i] = (q->cls_accepted[cls][i] + CB_SPEC_REQ_PRIOR * r[i]) / (q->cls_tried[cls][i] + CB_SPEC_REQ_PRIOR);
+}
+
 /* Verified drafts behind a class's estimates (its own, or the class it starts from). */
 static int64_t lookup_class_drafts(const cb_spec_policy *p, int b, int cls) {
     for (int s = cls; s >= 0; s--)
@@ -669,14 +679,15 @@ static int64_t lookup_class_drafts(const cb_spec_policy *p, int b, int cls) {
 
 static int clamp_k(const cb_spec_params *sp);
 
-int cb_spec_policy_k_ext(const cb_spec_policy *p, int b, int cls, const cb_spec_params *sp, int base_rows,
-                         int n_avail) {
+int cb_spec_policy_k_ext(const cb_spec_policy *p, const cb_spec_req *q, int b, int cls, const cb_spec_params *sp,
+                         int base_rows, int n_avail) {
     if (!p || b < 0 || b >= CB_SPEC_N_SOURCES || cls < 0 || cls >= CB_SPEC_N_CLASS || n_avail < 1) return 0;
     int k_max = clamp_k(sp);
     if (k_max > n_avail) k_max = n_avail;
     if (!sp->adaptive) return k_max;
     double r[CB_SPEC_MAX_K], t[CB_SPEC_MAX_K + 1];
     lookup_class_rates(p, b, cls, k_max, r);
+    blend_req_class(q, cls, k_max, r);
     step_times(p, base_rows, k_max, t);
     double one = step_time_raw(p, 1);
     if (!(one > 0) || !(t[0] > 0)) return 0;  /* nothing measured yet: no extension */
@@ -780,8 +791,6 @@ void cb_spec_req_init(cb_spec_req *q) {
     for (int b = 0; b < CB_SPEC_N_SOURCES; b++) q->backoff[b] = 8;
 }
 
-#define CB_SPEC_REQ_PRIOR 4.0  /* the engine-wide estimate weighs as much as this many of a request's verifications */
-
 int cb_spec_policy_plan(cb_spec_policy *p, cb_spec_req *q, int b, const cb_spec_params *sp, int base_rows,
                         int n_avail, double *gain) {
     *gain = 0;
@@ -820,6 +829,15 @@ int cb_spec_policy_plan(cb_spec_policy *p, cb_spec_req *q, int b, const cb_spec_
     return best_k;
 }
 
+void cb_spec_req_record_class(cb_spec_req *q, int cls, int n, int a) {
+    if (!q || cls < 0 || cls >= CB_SPEC_N_CLASS) return;
+    if (n > CB_SPEC_MAX_K) n = CB_SPEC_MAX_K;
+    for (int i = 0; i < n && i <= a; i++) {
+        q->cls_tried[cls][i]++;
+        q->cls_accepted[cls][i] += i < a;
+    }
+}
+
 void cb_spec_req_record(cb_spec_req *q, int b, int n, int a) {
     if (b < 0 || b >= CB_SPEC_N_SOURCES) return;
     if (n > CB_SPEC_MAX_K) n = CB_SPEC_MAX_K;
@@ -831,6 +849,11 @@ void cb_spec_req_record(cb_spec_req *q, int b, int n, int a) {
 
 int cb_spec_policy_k_class(cb_spec_policy *p, int b, int cls, const cb_spec_params *sp, int base_rows,
                            int n_avail) {
+    return cb_spec_policy_k_class_req(p, NULL, b, cls, sp, base_rows, n_avail);
+}
+
+int cb_spec_policy_k_class_req(cb_spec_policy *p, const cb_spec_req *q, int b, int cls, const cb_spec_params *sp,
+                               int base_rows, int n_avail) {
     if (b < 0 || b >= CB_SPEC_N_SOURCES || cls < 0 || cls >= CB_SPEC_N_CLASS || n_avail < 1) return 0;
     cb_spec_stats *st = &p->st[b];
     int k_max = clamp_k(sp);
@@ -839,6 +862,7 @@ int cb_spec_policy_k_class(cb_spec_policy *p, int b, int cls, const cb_spec_para
     cb_spec_class *c = &p->cls[b][cls];
     double gain, r[CB_SPEC_MAX_K];
     lookup_class_rates(p, b, cls, k_max, r);
+    blend_req_class(q, cls, k_max, r);
     int best_k = depth_for_rates(p, b, r, base_rows, k_max, &gain);
     if (lookup_class_drafts(p, b, cls) < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
     c->decisions++;

@@ -182,6 +182,10 @@ typedef struct {
 typedef struct {
     int tried[CB_SPEC_N_SOURCES][CB_SPEC_MAX_K];     /* verifications that reached position i */
     int accepted[CB_SPEC_N_SOURCES][CB_SPEC_MAX_K];  /* of those, accepted */
+    /* the same by acceptance class (lookup drafts: a docstring's short
+     * matches fail where the same request's copied code holds) */
+    int cls_tried[CB_SPEC_N_CLASS][CB_SPEC_MAX_K];
+    int cls_accepted[CB_SPEC_N_CLASS][CB_SPEC_MAX_K];
     int wait[CB_SPEC_N_SOURCES];     /* decode steps before this request tries the source again */
     int backoff[CB_SPEC_N_SOURCES];  /* the next wait (doubles while the source does not pay) */
 } cb_spec_req;
@@ -200,6 +204,8 @@ int  cb_spec_policy_plan(cb_spec_policy *p, cb_spec_req *q, int b, const cb_spec
                          int n_avail, double *gain);
 /* Record a verified draft in the request's record too. */
 void cb_spec_req_record(cb_spec_req *q, int b, int n, int a);
+/* ... and a lookup draft of class `cls` in its record by class. */
+void cb_spec_req_record_class(cb_spec_req *q, int cls, int n, int a);
 /* Depth to draft for `source` when the step already has `base_rows` rows:
  * 0 means do not draft (source paused or not profitable).  Used before a
  * costly draft (a drafter model): class 0, no pausing per class, a source
@@ -210,12 +216,17 @@ int  cb_spec_policy_k(cb_spec_policy *p, int source_bit, const cb_spec_params *s
  * the choice can depend on what was found.  0: not worth verifying. */
 int  cb_spec_policy_k_class(cb_spec_policy *p, int source_bit, int cls, const cb_spec_params *sp, int base_rows,
                             int n_avail);
+/* The same with the class's acceptance blended with request q's own record
+ * of that class (nullable: the engine-wide estimate alone). */
+int  cb_spec_policy_k_class_req(cb_spec_policy *p, const cb_spec_req *q, int source_bit, int cls,
+                                const cb_spec_params *sp, int base_rows, int n_avail);
 /* Depth of a lookup draft of class `cls` appended to a draft that already
  * puts base_rows rows in the step (a drafter's tokens before it): priced at
  * the marginal verify cost of its rows, 0 when it does not pay.  Pricing
- * only: no probes, no exploration, no decision counted. */
-int  cb_spec_policy_k_ext(const cb_spec_policy *p, int source_bit, int cls, const cb_spec_params *sp, int base_rows,
-                          int n_avail);
+ * only: no probes, no exploration, no decision counted.  q (nullable): the
+ * request whose record of the class is blended in, as in k_class_req. */
+int  cb_spec_policy_k_ext(const cb_spec_policy *p, const cb_spec_req *q, int source_bit, int cls,
+                          const cb_spec_params *sp, int base_rows, int n_avail);
 /* Whether class `cls` of source b is still in its warm-up (fewer verified
  * drafts behind its estimates than the policy trusts): its estimate is the
  * prior, so comparing it with a learned source's would never try it. */

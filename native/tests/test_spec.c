@@ -275,37 +275,72 @@ static void test_policy_extension(void) {
     int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 3;
     cb_spec_policy p;
     cb_spec_policy_init(&p);
-    CHECK(cb_spec_policy_k_ext(&p, b, cls, &sp, 3, 8) == 0);  /* no step measured yet: no extension */
+    CHECK(cb_spec_policy_k_ext(&p, NULL, b, cls, &sp, 3, 8) == 0);  /* no step measured yet: no extension */
     feed_costs(&p, 5.0, 0.25, 20);
     feed_accept(&p, b, cls, 16, 0.9);
     cb_spec_policy before = p;
-    int k = cb_spec_policy_k_ext(&p, b, cls, &sp, 3, 12);
+    int k = cb_spec_policy_k_ext(&p, NULL, b, cls, &sp, 3, 12);
     CHECK_MSG(k >= 4 && k <= 12, "a copy accepted at 0.9 with cheap rows should extend deep, got %d", k);
     CHECK_MSG(memcmp(&before, &p, sizeof p) == 0, "pricing an extension changed the policy");
-    CHECK(cb_spec_policy_k_ext(&p, b, cls, &sp, 3, 2) <= 2);           /* bounded by what lookup found */
+    CHECK(cb_spec_policy_k_ext(&p, NULL, b, cls, &sp, 3, 2) <= 2);           /* bounded by what lookup found */
     /* rows that cost more each buy a shallower extension */
     cb_spec_policy steep;
     cb_spec_policy_init(&steep);
     feed_costs(&steep, 5.0, 2.5, 20);
     feed_accept(&steep, b, cls, 16, 0.9);
-    int ks = cb_spec_policy_k_ext(&steep, b, cls, &sp, 3, 12);
+    int ks = cb_spec_policy_k_ext(&steep, NULL, b, cls, &sp, 3, 12);
     CHECK_MSG(ks < k, "steep rows %d vs cheap rows %d", ks, k);
     /* a class that is rarely accepted does not pay as an extension */
     cb_spec_policy poor;
     cb_spec_policy_init(&poor);
     feed_costs(&poor, 5.0, 1.0, 20);
     feed_accept(&poor, b, 0, 16, 0.1);
-    CHECK_MSG(cb_spec_policy_k_ext(&poor, b, 0, &sp, 3, 12) == 0, "acceptance 0.1 extended");
+    CHECK_MSG(cb_spec_policy_k_ext(&poor, NULL, b, 0, &sp, 3, 12) == 0, "acceptance 0.1 extended");
     /* adaptive off: what lookup found up to k_max; bad arguments decline */
     cb_spec_params fixed = sp;
     fixed.adaptive = 0;
     fixed.k_max = 5;
-    CHECK(cb_spec_policy_k_ext(&poor, b, 0, &fixed, 3, 12) == 5);
-    CHECK(cb_spec_policy_k_ext(&poor, b, 0, &fixed, 3, 2) == 2);
-    CHECK(cb_spec_policy_k_ext(&p, b, CB_SPEC_N_CLASS, &sp, 3, 4) == 0);
-    CHECK(cb_spec_policy_k_ext(&p, -1, 0, &sp, 3, 4) == 0);
-    CHECK(cb_spec_policy_k_ext(&p, b, 0, &sp, 3, 0) == 0);
-    CHECK(cb_spec_policy_k_ext(NULL, b, 0, &sp, 3, 4) == 0);
+    CHECK(cb_spec_policy_k_ext(&poor, NULL, b, 0, &fixed, 3, 12) == 5);
+    CHECK(cb_spec_policy_k_ext(&poor, NULL, b, 0, &fixed, 3, 2) == 2);
+    CHECK(cb_spec_policy_k_ext(&p, NULL, b, CB_SPEC_N_CLASS, &sp, 3, 4) == 0);
+    CHECK(cb_spec_policy_k_ext(&p, NULL, -1, 0, &sp, 3, 4) == 0);
+    CHECK(cb_spec_policy_k_ext(&p, NULL, b, 0, &sp, 3, 0) == 0);
+    CHECK(cb_spec_policy_k_ext(NULL, NULL, b, 0, &sp, 3, 4) == 0);
+}
+
+/* A request's own record of a lookup class moves the engine-wide estimate:
+ * a request whose short matches keep failing (a docstring) stops verifying
+ * them while the class still pays elsewhere; one whose matches hold drafts
+ * at least as deep. */
+static void test_policy_class_per_request(void) {
+    cb_spec_params sp = { CB_SPEC_LOOKUP | CB_SPEC_DRAFT, 16, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 1;
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    feed_costs(&p, 5.0, 1.5, 20);   /* a verify row at 30% of a step */
+    feed_accept(&p, b, cls, 16, 0.7);
+    cb_spec_req bad, good;
+    cb_spec_req_init(&bad);
+    cb_spec_req_init(&good);
+    for (int i = 0; i < 12; i++) {
+        cb_spec_req_record_class(&bad, cls, 4, 0);
+        cb_spec_req_record_class(&good, cls, 8, 8);
+    }
+    cb_spec_policy q1 = p, q2 = p, q3 = p;
+    int k0 = cb_spec_policy_k_class_req(&q1, NULL, b, cls, &sp, 1, 16);
+    int kb = cb_spec_policy_k_class_req(&q2, &bad, b, cls, &sp, 1, 16);
+    int kg = cb_spec_policy_k_class_req(&q3, &good, b, cls, &sp, 1, 16);
+    CHECK_MSG(k0 >= 1, "the class pays engine-wide (k %d)", k0);
+    CHECK_MSG(kb == 0 && q2.st[b].expected_gain < 1.0, "a request whose matches fail still verifies k %d", kb);
+    CHECK_MSG(kg >= k0, "a request whose matches hold drafts shallower: %d < %d", kg, k0);
+    /* the extension price follows the request too */
+    CHECK(cb_spec_policy_k_ext(&p, &bad, b, cls, &sp, 3, 12) == 0);
+    CHECK(cb_spec_policy_k_ext(&p, &good, b, cls, &sp, 3, 12) >= cb_spec_policy_k_ext(&p, NULL, b, cls, &sp, 3, 12));
+    /* out of range classes are ignored */
+    cb_spec_req_record_class(&bad, CB_SPEC_N_CLASS, 4, 1);
+    cb_spec_req_record_class(&bad, -1, 4, 1);
+    cb_spec_req_record_class(NULL, 0, 4, 1);
+    CHECK(bad.cls_tried[0][0] == 0);
 }
 
 int main(void) {
@@ -318,5 +353,6 @@ int main(void) {
     test_policy_longer_match_inherits();
     test_policy_plan_per_request();
     test_policy_extension();
+    test_policy_class_per_request();
     return cb_test_report("test_spec");
 }
