@@ -268,6 +268,8 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
         if ((rc = cb_vocab_check(model, p.draft_model, err, err_len))) goto fail;
         if ((rc = cb_drafter_init(&e->draft_model, p.draft_model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, p.kv_f16,
                                   NULL, 0, 0, err, err_len))) goto fail;
+        if (p.draft_model->info.n_vocab > 2 * CB_DRAFT_HEAD &&
+            (rc = cb_drafter_narrow_head(&e->draft_model, CB_DRAFT_HEAD))) { set_err(err, err_len, "out of memory"); goto fail; }
     }
     if (p.xdraft_model) {
         if (p.xdraft_model->info.n_layer == 0) { set_err(err, err_len, "the cross-vocabulary draft model is validate-only"); rc = CB_ERR_ARG; goto fail; }
@@ -279,6 +281,8 @@ int cb_engine_new(const cb_model *model, const cb_engine_params *params, cb_engi
     if (p.layer_skip) {
         if ((rc = cb_drafter_init(&e->layer_skip, model, k, e->pool, p.n_slots, p.n_ctx, p.n_batch, p.kv_f16,
                                   p.skip_layers, p.n_skip_layers, 1, err, err_len))) goto fail;
+        if (I->n_vocab > 2 * CB_DRAFT_HEAD &&
+            (rc = cb_drafter_narrow_head(&e->layer_skip, CB_DRAFT_HEAD))) { set_err(err, err_len, "out of memory"); goto fail; }
     }
     e->params.skip_layers = NULL;  /* copied into the drafter's mask */
     if (cb_bpe_build(model, &e->bpe, NULL, 0) == CB_OK) {

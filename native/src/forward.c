@@ -595,9 +595,8 @@ static void rope_angles(float *cs, int pos, float scale, const double *freq, int
 
 /* logits = cap * tanh(logits / cap) over the head's rows (gemma's final
  * soft cap), then each row's argmax again (tanh may merge near maxima). */
-static void softcap_logits(cb_ctx *c, int n_out) {
+static void softcap_logits(cb_ctx *c, int n_out, int64_t V) {
     const float cap = c->model->final_softcap, inv = 1.0f / cap;
-    const int64_t V = c->model->info.n_vocab;
     for (int r = 0; r < n_out; r++) {
         float *l = c->logits + (size_t)r * V;
         for (int64_t i = 0; i < V; i++) l[i] = cap * tanhf(l[i] * inv);
@@ -702,9 +701,13 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
     }
     if (n_out > 0) {
         double th = now_ms();
-        cb_matmul_argmax(c->pool, c->k, &m->output, c->xl, n_out, c->logits, c->mm_scratch,
+        /* a head over the first head_rows tokens is a prefix of the matrix in
+         * both layouts (the panel layout stores panels of CB_PANEL rows in order) */
+        cb_weight head = m->output;
+        if (c->head_rows > 0 && c->head_rows < head.n_out && c->head_rows % CB_PANEL == 0) head.n_out = c->head_rows;
+        cb_matmul_argmax(c->pool, c->k, &head, c->xl, n_out, c->logits, c->mm_scratch,
                          c->head_pmax, c->head_pidx, c->head_max, c->head_idx);
-        if (m->final_softcap > 0) softcap_logits(c, n_out);
+        if (m->final_softcap > 0) softcap_logits(c, n_out, head.n_out);
         c->t_lm_head += now_ms() - th;
     }
     c->n_forward++;

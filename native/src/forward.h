@@ -67,6 +67,8 @@ typedef struct {
     cb_block_q8 *act_q;           /* a matmul's input rows quantized by the task that made them
                                      (norm, attention, SwiGLU) [n_batch x max width / 32] */
     const uint8_t *skip_layer;    /* [n_layer] 1 = skip this block (self-speculative drafts); NULL = run all */
+    int64_t head_rows;            /* > 0: the LM head scores only tokens [0, head_rows) (a multiple of
+                                     CB_PANEL), logits rows then hold head_rows floats; 0 = every token */
     /* mixture of experts (all NULL / 0 for a dense model) */
     int    n_expert, n_used;      /* experts per layer, experts routed per row (top-k) */
     float *router;                /* router logits -> probabilities [n_batch x n_expert] */

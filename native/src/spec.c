@@ -66,7 +66,42 @@ void cb_drafter_free(cb_drafter *d) {
     if (d->ctx.model) cb_ctx_free(&d->ctx);
     free(d->skip); free(d->tokens); free(d->n_past); free(d->b_tokens); free(d->b_pos);
     free(d->b_slot); free(d->b_logit); free(d->row_req);
+    free(d->xseen); free(d->xtok); free(d->n_xtok); free(d->xrow);
     memset(d, 0, sizeof *d);
+}
+
+int cb_drafter_narrow_head(cb_drafter *d, int64_t rows) {
+    if (!d || !d->model) return CB_ERR_ARG;
+    const int64_t n_vocab = d->model->info.n_vocab;
+    if (rows <= 0 || rows >= n_vocab || rows % CB_PANEL != 0) return CB_ERR_ARG;
+    if (!d->xseen) {
+        d->xseen = calloc((size_t)n_vocab, 1);
+        d->xtok = calloc((size_t)d->ctx.n_slots * CB_DRAFT_XTOK, sizeof(int32_t));
+        d->n_xtok = calloc((size_t)d->ctx.n_slots, sizeof(int));
+        d->xrow = calloc((size_t)d->model->info.n_embd, sizeof(float));
+        if (!d->xseen || !d->xtok || !d->n_xtok || !d->xrow) {
+            free(d->xseen); free(d->xtok); free(d->n_xtok); free(d->xrow);
+            d->xseen = NULL, d->xtok = NULL, d->n_xtok = NULL, d->xrow = NULL;
+            return CB_ERR_NOMEM;
+        }
+    }
+    d->ctx.head_rows = rows;
+    return CB_OK;
+}
+
+/* Job j's history tokens the narrowed head does not score, each once (up to CB_DRAFT_XTOK). */
+static void collect_xtok(cb_drafter *d, int j, const int32_t *hist, int n_hist) {
+    const int64_t lim = d->ctx.head_rows, n_vocab = d->model->info.n_vocab;
+    int32_t *x = d->xtok + (size_t)j * CB_DRAFT_XTOK;
+    int n = 0;
+    for (int i = 0; i < n_hist && n < CB_DRAFT_XTOK; i++) {
+        int32_t t = hist[i];
+        if (t < lim || t >= n_vocab || d->xseen[t]) continue;
+        d->xseen[t] = 1;
+        x[n++] = t;
+    }
+    for (int i = 0; i < n; i++) d->xseen[x[i]] = 0;
+    d->n_xtok[j] = n;
 }
 
 static int argmax(const float *x, int n) {
@@ -91,19 +126,35 @@ static void drafter_forward(cb_drafter *d, int n) {
 /* The drafted token for job J from logits row x: the argmax, or while the
  * job's prefix is not yet spelled, the most likely token that spells the next bytes of it
  * with what is left of it (ordinary text tokens only).  -1: none agrees. */
-static int pick(const cb_drafter *d, const cb_draft_job *J, int *pfx_done, int row) {
+static int pick(const cb_drafter *d, const cb_draft_job *J, int j, int *pfx_done, int row) {
     const int n_vocab = d->model->info.n_vocab;
-    const float *x = d->ctx.logits + (size_t)row * n_vocab;
+    const int64_t hr = d->ctx.head_rows;
+    const int n_head = hr > 0 && hr < n_vocab ? (int)hr : n_vocab;  /* logits per row */
+    const float *x = d->ctx.logits + (size_t)row * n_head;
     if (!J->prefix || *pfx_done >= J->n_prefix) {
         /* the LM head found the row's first maximum as it wrote it */
         int64_t h = d->ctx.head_idx[row];
-        return h >= 0 && h < n_vocab ? (int)h : argmax(x, n_vocab);
+        int best = h >= 0 && h < n_head ? (int)h : argmax(x, n_head);
+        if (n_head < n_vocab && d->n_xtok && j < d->ctx.n_slots) {
+            /* the history's tokens past the narrowed head, scored one by one */
+            const int D = d->model->info.n_embd;
+            const float *xl = d->ctx.xl + (size_t)row * D;
+            float best_l = x[best];
+            const int32_t *xt = d->xtok + (size_t)j * CB_DRAFT_XTOK;
+            for (int i = 0; i < d->n_xtok[j]; i++) {
+                cb_weight_row_f32(&d->model->output, xt[i], d->xrow);
+                float l = 0;
+                for (int e = 0; e < D; e++) l += d->xrow[e] * xl[e];
+                if (l > best_l) { best_l = l; best = xt[i]; }
+            }
+        }
+        return best;
     }
     const uint8_t *rest = J->prefix + *pfx_done;
     const size_t n_rest = (size_t)(J->n_prefix - *pfx_done);
     int best = -1;
     size_t best_len = 0;
-    for (int i = 0; i < n_vocab; i++) {
+    for (int i = 0; i < n_head; i++) {
         if (best >= 0 && !(x[i] > x[best])) continue;
         size_t len = 0;
         const uint8_t *tb = cb_model_token_bytes(d->model, i, &len);
@@ -182,6 +233,7 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         pdone[j] = 0;
         if (J->n_hist < 1 || J->n_hist > n_ctx) { J->k = 0; continue; }
         next[j] = drafter_keep(d, J->slot, J->hist, J->n_hist - 1);
+        if (d->ctx.head_rows > 0 && d->xseen && j < d->ctx.n_slots) collect_xtok(d, j, J->hist, J->n_hist);
     }
     /* catch up: feed each job's history; the last history row gives the first draft */
     struct timespec ts0, ts1;
@@ -209,7 +261,7 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         for (int r = 0; r < n_logit; r++) {
             int j = d->row_req[r];
             cb_draft_job *J = &jobs[j];
-            int t = pick(d, J, &pdone[j], r);
+            int t = pick(d, J, j, &pdone[j], r);
             if (t < 0) { J->k = 0; continue; }
             append_draft(J, t);
         }
@@ -242,7 +294,7 @@ void cb_drafter_draft(cb_drafter *d, cb_draft_job *jobs, int n_jobs) {
         for (int r = 0; r < n; r++) {
             int j = d->row_req[r];
             cb_draft_job *J = &jobs[j];
-            int t = pick(d, J, &pdone[j], r);
+            int t = pick(d, J, j, &pdone[j], r);
             if (t < 0) { J->k = J->n_out; continue; }
             append_draft(J, t);
         }
