@@ -5,10 +5,14 @@ socket, and streamed tok/s through HTTP against the engine driven directly.
 
 Event -> socket latency: the scheduler's engine is wrapped so every token
 event is stamped (time.perf_counter, CLOCK_MONOTONIC) when cb_engine_step
-returns it; a client in another process reads the SSE stream line by line
-and stamps each content chunk as it arrives on the socket (same clock).  The
-k-th content chunk of a stream carries the k-th token of its request (ASCII
-prompts, no stop strings; a stream whose chunk count differs is dropped).
+returns it; a client in another process reads every stream on one selector
+in one thread and stamps each recv as it returns (same clock; `--client
+threads`: a thread per stream reading line by line, as runs 1-2 did).  A
+token arrives with the first chunk whose text reaches the end of its bytes
+(a chunk carries one token, or several that queued up while the server's
+HTTP thread was behind; ASCII prompts, no stop strings; a stream whose text
+differs from its tokens' is dropped).  Tokens are counted from the stream's
+usage chunk.
 
 Throughput: the same prompts at the same concurrency, (a) streamed through
 /v1/completions and (b) through Engine.stream_events in threads, tokens over
@@ -31,12 +35,65 @@ import threading
 import time
 
 CLIENT = r"""
+import json, selectors, socket, sys, time
+port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+# one thread, every stream on one selector: each recv is stamped when it returns and kept whole;
+# the lines are split and parsed after the last stream ends (the client shares the server's cores)
+sel, got, socks = selectors.DefaultSelector(), {}, []
+t0 = time.perf_counter()
+for i, p in enumerate(prompts):
+    body = json.dumps({"model": "m", "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ, i)
+    got[i] = []
+    socks.append(s)
+open_n = len(socks)
+while open_n:
+    for key, _ in sel.select():
+        data = key.fileobj.recv(1 << 20)
+        if data:
+            got[key.data].append((time.perf_counter(), data))
+        else:
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+            open_n -= 1
+out = {}
+for i, parts in got.items():
+    raw = b"".join(d for _, d in parts)
+    ends, n = [], 0
+    for t, d in parts:
+        n += len(d)
+        ends.append((n, t))
+    head = raw.index(b"\r\n\r\n") + 4
+    ts, n_tok, pos, k = [], 0, head, 0
+    for line in raw[head:].split(b"\n"):
+        pos += len(line) + 1
+        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            continue
+        while ends[k][0] < min(pos, len(raw)):   # the recv that brought the line's last byte
+            k += 1
+        d = json.loads(line[6:])
+        if d["choices"] and d["choices"][0]["text"]:
+            ts.append((ends[k][1], d["choices"][0]["text"]))
+        if d.get("usage"):
+            n_tok = d["usage"]["completion_tokens"]
+    out[i] = {"chunks": ts, "tokens": n_tok}
+last = max((o["chunks"][-1][0] for o in out.values() if o["chunks"]), default=time.perf_counter())
+print(json.dumps({"recv": out, "wall": last - t0}))
+"""
+
+CLIENT_THREADS = r"""
 import http.client, json, sys, threading, time
 port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
 out = {}
 def one(i, p):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body = json.dumps({"model": "m", "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True})
+    body = json.dumps({"model": "m", "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
     got = []
@@ -46,17 +103,19 @@ def one(i, p):
             break
         if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
             got.append((time.perf_counter(), line))
-    ts = []
+    ts, n = [], 0
     for t, line in got:
         d = json.loads(line[6:])
         if d["choices"] and d["choices"][0]["text"]:
-            ts.append(t)
-    out[i] = ts
+            ts.append((t, d["choices"][0]["text"]))
+        if d.get("usage"):
+            n = d["usage"]["completion_tokens"]
+    out[i] = {"chunks": ts, "tokens": n}
 th = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
 t0 = time.perf_counter()
 for t in th: t.start()
 for t in th: t.join()
-last = max((ts[-1] for ts in out.values() if ts), default=time.perf_counter())
+last = max((o["chunks"][-1][0] for o in out.values() if o["chunks"]), default=time.perf_counter())
 print(json.dumps({"recv": out, "wall": last - t0}))
 """
 
@@ -67,6 +126,7 @@ class Stamped:
     def __init__(self, core):
         self._core = core
         self.times: dict[int, list[float]] = {}
+        self.tokens: dict[int, list[int]] = {}
         self.prompt_of: dict[int, tuple] = {}
 
     def __getattr__(self, name):
@@ -83,6 +143,7 @@ class Stamped:
         for e in evs:
             if e["type"] == "token":
                 self.times.setdefault(e["id"], []).append(t)
+                self.tokens.setdefault(e["id"], []).append(e["token"])
         return evs
 
 
@@ -90,25 +151,52 @@ def prompts_for(n):
     return [f"Story {i}: Once upon a time, in a small village by the sea, there lived a" for i in range(n)]
 
 
-def run_http(eng, srv, stamped, n, max_tokens):
+def run_http(eng, srv, stamped, n, max_tokens, client=CLIENT):
     prompts = prompts_for(n)
     stamped.times.clear()
+    stamped.tokens.clear()
     stamped.prompt_of.clear()
-    r = subprocess.run([sys.executable, "-c", CLIENT, str(srv.port), json.dumps(prompts), str(max_tokens)],
+    r = subprocess.run([sys.executable, "-c", client, str(srv.port), json.dumps(prompts), str(max_tokens)],
                        capture_output=True, text=True, check=True)
     res = json.loads(r.stdout)
-    by_prompt = {stamped.prompt_of[rid]: ts for rid, ts in stamped.times.items()}
-    lat, dropped, toks = [], 0, 0
+    by_prompt = {stamped.prompt_of[rid]: rid for rid in stamped.times}
+    lat, dropped, toks, n_chunks = [], 0, 0, 0
     for i, p in enumerate(prompts):
         ids = tuple(eng.tokenize(p))
-        ev = by_prompt.get(ids)
+        rid = by_prompt.get(ids)
         recv = res["recv"][str(i)]
-        toks += len(recv)
-        if ev is None or len(ev) != len(recv):
+        toks += recv["tokens"]
+        n_chunks += len(recv["chunks"])
+        if rid is None:
             dropped += 1
             continue
-        lat += [(b - a) * 1e3 for a, b in zip(ev, recv)]
-    return {"latency_ms": lat, "dropped": dropped, "tok_s": toks / res["wall"]}
+        lat_i = _token_latencies(eng, stamped.times[rid], stamped.tokens[rid], recv["chunks"])
+        if lat_i is None:
+            dropped += 1
+            continue
+        lat += lat_i
+    return {"latency_ms": lat, "dropped": dropped, "tok_s": toks / res["wall"], "tokens": toks, "chunks": n_chunks}
+
+
+def _token_latencies(eng, times, tokens, chunks):
+    """ms from each token's engine event to the chunk that carried its last byte; None when the
+    chunks' text is not the tokens' bytes."""
+    ends, n = [], 0
+    for t in tokens:
+        n += len(eng.model.token_bytes(t))
+        ends.append(n)
+    got, n = [], 0
+    for t, text in chunks:
+        n += len(text.encode("utf-8"))
+        got.append((n, t))
+    if not got or got[-1][0] != ends[-1]:
+        return None
+    out, k = [], 0
+    for end, t_ev in zip(ends, times):
+        while got[k][0] < end:
+            k += 1
+        out.append((got[k][1] - t_ev) * 1e3)
+    return out
 
 
 def run_direct(eng, n, max_tokens):
@@ -117,7 +205,7 @@ def run_direct(eng, n, max_tokens):
 
     def one(i):
         for ev in eng.stream_events(prompts[i], max_tokens=max_tokens, temperature=0):
-            if ev["text"]:
+            if not ev.get("done"):   # a token (as the HTTP side counts them, from usage)
                 counts[i] += 1
 
     th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
@@ -147,8 +235,8 @@ def summarize(paths):
         for r in d["runs"]:
             runs.setdefault((label, r["streams"]), []).append(r)
     print("| code | streams | runs | event->socket p50 ms [95% CI] | p99 ms | HTTP tok/s | engine tok/s | "
-          "HTTP/engine median [95% CI] |")
-    print("|---|---|---|---|---|---|---|---|")
+          "HTTP/engine median [95% CI] | tokens per chunk |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (label, n), rs in sorted(runs.items()):
         p50 = [statistics.median(r["http"]["latency_ms"]) for r in rs]
         p99 = [sorted(r["http"]["latency_ms"])[int(0.99 * (len(r["http"]["latency_ms"]) - 1))] for r in rs]
@@ -158,7 +246,15 @@ def summarize(paths):
         print(f"| {label} | {n} | {len(rs)} | {statistics.median(p50):.2f} [{lo:.2f}, {hi:.2f}] | "
               f"{statistics.median(p99):.2f} | {statistics.median(r['http']['tok_s'] for r in rs):.1f} | "
               f"{statistics.median(r['direct']['tok_s'] for r in rs):.1f} | {statistics.median(ratio):.3f} "
-              f"[{rlo:.3f}, {rhi:.3f}] |")
+              f"[{rlo:.3f}, {rhi:.3f}] | {_per_chunk(rs)} |")
+
+
+def _per_chunk(rs):
+    """Tokens per content chunk over the runs (1.00: one chunk per token); runs saved before the
+    client counted chunks have no figure."""
+    t = sum(r["http"].get("tokens", 0) for r in rs)
+    c = sum(r["http"].get("chunks", 0) for r in rs)
+    return f"{t / c:.2f}" if c else ""
 
 
 def main():
@@ -170,6 +266,9 @@ def main():
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--client", choices=["select", "threads"], default="select",
+                    help="the streaming client: one thread on a selector (default), or a thread per stream "
+                         "reading lines (runs 1 and 2 of docs/bench/serve.md)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -184,22 +283,24 @@ def main():
     srv = Server(eng, port=0, model_id="m").start()
     import colibri_lab
 
-    out = {"commit": os.environ.get("BENCH_COMMIT", ""), "package": colibri_lab.__file__, "runs": [],
+    client = CLIENT if a.client == "select" else CLIENT_THREADS
+    out = {"commit": os.environ.get("BENCH_COMMIT", ""), "package": colibri_lab.__file__, "client": a.client, "runs": [],
            "load_before": os.getloadavg()}
     try:
-        run_http(eng, srv, stamped, 2, 8)          # warm-up
+        run_http(eng, srv, stamped, 2, 8, client)  # warm-up
         run_direct(eng, 2, 8)
         for r in range(a.rounds):
             for n in a.streams:
                 order = ("http", "direct") if r % 2 == 0 else ("direct", "http")
                 rec = {"round": r, "streams": n}
                 for kind in order:
-                    rec[kind] = run_http(eng, srv, stamped, n, a.max_tokens) if kind == "http" else \
+                    rec[kind] = run_http(eng, srv, stamped, n, a.max_tokens, client) if kind == "http" else \
                         run_direct(eng, n, a.max_tokens)
                 out["runs"].append(rec)
                 lat = rec["http"]["latency_ms"]
                 print(f"round {r} streams {n}: event->socket p50 {statistics.median(lat):.3f} ms "
-                      f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.3f} ms (dropped {rec['http']['dropped']}), "
+                      f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.3f} ms (dropped {rec['http']['dropped']}, "
+                      f"{rec['http']['tokens'] / max(1, rec['http']['chunks']):.2f} tokens per chunk), "
                       f"http {rec['http']['tok_s']:.1f} tok/s, direct {rec['direct']['tok_s']:.1f} tok/s",
                       flush=True)
     finally:

@@ -41,8 +41,9 @@ def test_one_row_per_request_and_metrics_deltas_match(served):
     assert df.groupby(["variant", "repeat", "prompt_id", "turn"]).size().eq(1).all()
     assert (df["completion_tokens"] > 0).all() and (df["tokens_counted"] == "usage").all()
     assert (df["e2e_ms"] >= df["ttft_ms"]).all() and (df["ttft_ms"] > 0).all()
-    # every request streamed one chunk per token, and each gap is in the gap table
-    assert (df["n_chunks"] == df["completion_tokens"]).all()
+    # every request streamed at most one chunk per token (tokens that queued up while its HTTP thread
+    # was behind share one), and each gap between chunks is in the gap table
+    assert ((df["n_chunks"] >= 1) & (df["n_chunks"] <= df["completion_tokens"])).all()
     gaps = res.gaps.groupby(["variant", "prompt_id", "turn"]).size()
     for r in df.itertuples():
         assert gaps.get((r.variant, r.prompt_id, r.turn), 0) == r.n_chunks - 1

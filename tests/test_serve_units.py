@@ -236,3 +236,16 @@ def test_request_head_parser_total():
         assert req.body_len >= 0 and not (req.chunked and req.body_len)
 
     check()
+
+
+def test_text_chunk_template_is_the_dumps_of_the_chunk():
+    from colibri_lab.server.openai_api import _chunk_maker, _text_chunks
+
+    class Srv:
+        fingerprint = "fp_\x00text\x00"   # the template's marker elsewhere in the chunk does not confuse it
+    for include_usage in (False, True):
+        chunk = _chunk_maker(Srv, "cmpl-1", 'm"\\x00text\x00', 7, "text_completion", include_usage)
+        choice = lambda t: {"index": 3, "delta": {"content": t}, "logprobs": None, "finish_reason": None}
+        fast = _text_chunks(chunk, choice)
+        for text in ("", "a", 'q"uote\\', "tab\tnl\n\x00\x1f", "é中😀", "\x00text\x00", "\ud800"):
+            assert fast(text) == json.dumps(chunk([choice(text)]), ensure_ascii=False), text

@@ -104,14 +104,15 @@ class Generation:
         self.q.put((index, ev))
 
     def _decode(self, index: int, ev: dict) -> dict:
-        """On the HTTP thread: one engine event as the piece the API modules write."""
+        """On the HTTP thread: one engine event as the piece the API modules write: a token's
+        {"text", "tokens": [(id, logprob, top)], "t"}, the end's {"text", "done", ...}, or {"error"}."""
         r = self.results[index]
         t = ev["type"]
         if t == "token":
+            top = ev.get("top", [])
             r.tokens.append(ev["token"])
-            r.logprobs.append((ev["logprob"], ev.get("top", [])))
-            return {"text": r.decoder.feed(ev["token"]), "token": ev["token"], "logprob": ev["logprob"],
-                    "top": ev.get("top", []), "t": ev["t"]}
+            r.logprobs.append((ev["logprob"], top))
+            return {"text": r.decoder.feed(ev["token"]), "tokens": [(ev["token"], ev["logprob"], top)], "t": ev["t"]}
         if t == "done":
             m = ev["metrics"]
             dec = r.decoder
@@ -127,6 +128,26 @@ class Generation:
         r.error = self.handles[index].error or EngineError(ev.get("message", "engine error"))
         return {"error": r.error}
 
+    def _pieces(self, batch: list) -> list:
+        """Decode the events taken in one wake, in order, merging each choice's consecutive token
+        events into one piece (text concatenated, every token in `tokens`, the last one's time).
+        Only events already queued are merged: a client that keeps up gets one piece per token."""
+        out, open_tok = [], {}   # choice -> index in out of its token piece still open for merging
+        for idx, ev in batch:
+            piece = self._decode(idx, ev)
+            j = open_tok.get(idx)
+            if "tokens" in piece and j is not None:
+                merged = out[j][1]
+                merged["text"] += piece["text"]
+                merged["tokens"] += piece["tokens"]
+                merged["t"] = piece["t"]
+                continue
+            open_tok.pop(idx, None)
+            if "tokens" in piece:
+                open_tok[idx] = len(out)
+            out.append((idx, piece))
+        return out
+
     def cancel(self) -> None:
         for h in self.handles.values():
             try:
@@ -135,18 +156,25 @@ class Generation:
                 pass
 
     def events(self, tick: float):
-        """Yield (index, event) as they come, or None every `tick` seconds of silence,
-        until every choice is done or failed."""
+        """Yield (index, piece) as events come, or None every `tick` seconds of silence,
+        until every choice is done or failed.  Events that queued up while this thread was
+        busy (a client or a thread behind the engine) come out merged per choice (see _pieces):
+        one SSE chunk and one write for several tokens, each token's text and logprob in it."""
         while self.pending:
             try:
-                idx, ev = self.q.get(timeout=tick)
+                batch = [self.q.get(timeout=tick)]
             except queue.Empty:
                 yield None
                 continue
-            ev = self._decode(idx, ev)
-            if ev.get("done") or "error" in ev:
-                self.pending.discard(idx)
-            yield idx, ev
+            while True:
+                try:
+                    batch.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
+            for idx, piece in self._pieces(batch):
+                if piece.get("done") or "error" in piece:
+                    self.pending.discard(idx)
+                yield idx, piece
 
     def collect(self, gone: Callable[[], bool], tick: float = 0.25) -> list[ChoiceResult]:
         """Wait for every choice (non-streaming); cancels and raises ClientGone if the

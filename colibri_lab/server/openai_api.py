@@ -9,6 +9,8 @@ reported as `schema_ignored`; see convert.ignored).
 """
 from __future__ import annotations
 
+import json
+
 from .body import Body, check_keys, stop_list
 from . import convert
 from .errors import ApiError, bad, safe_text
@@ -301,7 +303,6 @@ def chat_completions(ctx, data) -> None:
 
 
 def _json(obj) -> str:
-    import json
     return json.dumps(obj, ensure_ascii=False)
 
 
@@ -348,6 +349,18 @@ def _chunk_maker(srv, rid, model, created, obj, include_usage):
     return chunk
 
 
+_MARK = "\x00text\x00"
+_json_str = json.encoder.encode_basestring   # json.dumps(s, ensure_ascii=False) of a str, in C
+
+
+def _text_chunks(chunk, choice):
+    """The per-token chunk of a stream as text: text -> the JSON of chunk([choice(text)]),
+    character for character, from a serialisation made once (the token's text is the only
+    part that changes), so a token costs one string escape instead of a dict and a dumps."""
+    head, _, tail = json.dumps(chunk([choice(_MARK)]), ensure_ascii=False).rpartition(_json_str(_MARK))
+    return lambda text: head + _json_str(text) + tail
+
+
 def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) -> None:
     srv, engine = ctx.srv, ctx.engine
     created = now()
@@ -363,7 +376,13 @@ def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) ->
             ctx.sse(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None}]))
 
+        plain = {i: _text_chunks(chunk, lambda t, i=i: {"index": i, "delta": {"content": t}, "logprobs": None,
+                                                        "finish_reason": None}) for i in range(n)}
+
         def content(i, text):
+            if not want_lp:
+                ctx.sse(plain[i](text))
+                return
             lp = None
             if want_lp:
                 lp = {"content": pend_lp[i], "refusal": None}
@@ -374,8 +393,9 @@ def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) ->
             if "error" in ev:
                 failed.append(ev["error"])
                 raise _Abort()
-            if want_lp and "token" in ev:
-                pend_lp[i].append(_lp_entry(engine.model, ev["token"], ev["logprob"], ev["top"], top_lp))
+            if want_lp:
+                for tok, lp, top in ev.get("tokens", ()):
+                    pend_lp[i].append(_lp_entry(engine.model, tok, lp, top, top_lp))
             out = states[i].feed(ev["text"]) if ev["text"] else ""
             if out:
                 content(i, out)
@@ -510,6 +530,8 @@ def _completion_stream(ctx, gen, rid, model, n_choices, n_lp, prompt_text, inclu
 
     pend = {i: ([], []) for i in range(n_choices)}
     offs = {i: len(prompt_text.get(i, "")) for i in range(n_choices)}
+    plain = {i: _text_chunks(chunk, lambda t, i=i: {"index": i, "text": t, "logprobs": None, "finish_reason": None})
+             for i in range(n_choices)}
     failed = []
     try:
         ctx.start_sse()
@@ -517,6 +539,10 @@ def _completion_stream(ctx, gen, rid, model, n_choices, n_lp, prompt_text, inclu
             ctx.sse(chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}]))
 
         def send(i, text, reason=None, **extra):
+            if n_lp is None and reason is None and not extra:   # a token's text: the common chunk
+                offs[i] += len(text)
+                ctx.sse(plain[i](text))
+                return
             lp = None
             if n_lp is not None:
                 toks, lps = pend[i]
@@ -529,9 +555,9 @@ def _completion_stream(ctx, gen, rid, model, n_choices, n_lp, prompt_text, inclu
             if "error" in ev:
                 failed.append(ev["error"])
                 raise _Abort()
-            if "token" in ev:
-                pend[i][0].append(ev["token"])
-                pend[i][1].append((ev["logprob"], ev["top"]))
+            for tok, lp, top in ev.get("tokens", ()):
+                pend[i][0].append(tok)
+                pend[i][1].append((lp, top))
             if ev.get("done"):
                 send(i, ev["text"], FINISH.get(ev["finish_reason"], "stop"), timings=timings(ev["metrics"]))
             elif ev["text"]:

@@ -1,0 +1,183 @@
+"""Tokens that queue up while the HTTP thread is behind the engine go out merged: one SSE
+chunk per wake and choice, every token's text and logprob in it, usage unchanged, stop
+strings still honored.  A client that keeps up gets one chunk per token."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from colibri_lab.server import Server, gen
+from test_serve_util import make_engine, raw, sse_events
+
+# ---------------------------------------------------------------- no model: Generation alone
+VOCAB = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"!", 6: b"\xc3", 7: b"\xa9", 8: b" STOP", 9: b" more"}
+
+
+class _Handle:
+    error = None
+
+    def cancel(self):
+        pass
+
+
+class _FakeEngine:
+    """What Generation needs of an engine: admission, submit with a sink, token bytes."""
+
+    class scheduler:
+        @staticmethod
+        def admit(n):
+            pass
+
+    class model:
+        @staticmethod
+        def token_bytes(t):
+            return VOCAB[t]
+
+    def __init__(self):
+        self.sinks = []
+
+    def submit(self, ids, sink=None, stop=None, **kw):
+        self.sinks.append(sink)
+        return list(ids), _Handle(), [s.encode() for s in stop or []]
+
+
+def _gen(n_choices=1, stop=None):
+    eng, done = _FakeEngine(), []
+    g = gen.Generation(eng, [gen.Spec(i, [7], {"stop": stop}) for i in range(n_choices)],
+                       lambda m: done.append(m))
+    return g, eng.sinks, done
+
+
+def _tok(sink, t, lp=-0.5, at=0.0):
+    sink({"type": "token", "id": 1, "token": t, "logprob": lp, "top": [(t, lp)], "t": at})
+
+
+def _done(sink, n_out_bytes=-1, reason="length", at=0.0):
+    sink({"type": "done", "id": 1, "t": at, "metrics": {"stop_offset": n_out_bytes, "finish_reason": reason}})
+
+
+def test_queued_tokens_merge_into_one_piece_per_choice():
+    g, (s0, s1), done = _gen(2)
+    # choice 0 gets four tokens, choice 1 two, interleaved, all before the HTTP thread looks
+    for k, (a, b) in enumerate([(1, 3), (2, 4), (3, None), (4, None)]):
+        _tok(s0, a, lp=-k, at=k)
+        if b is not None:
+            _tok(s1, b, lp=-10 - k, at=k)
+    _done(s1, at=9)
+    pieces = []
+    for item in g.events(0.01):
+        assert item is not None   # everything was queued: no silence
+        pieces.append(item)
+        if len(pieces) == 3:
+            _done(s0, at=10)
+    assert pieces[0] == (0, {"text": "Hello world", "tokens": [(1, 0, [(1, 0)]), (2, -1, [(2, -1)]),
+                                                              (3, -2, [(3, -2)]), (4, -3, [(4, -3)])], "t": 3})
+    assert pieces[1] == (1, {"text": " world", "tokens": [(3, -10, [(3, -10)]), (4, -11, [(4, -11)])], "t": 1})
+    assert pieces[2][0] == 1 and pieces[2][1]["done"] and pieces[2][1]["t"] == 9
+    assert pieces[3][0] == 0 and pieces[3][1]["done"]
+    r0, r1 = g.results[0], g.results[1]
+    assert (r0.text, r0.tokens, [lp for lp, _ in r0.logprobs]) == ("Hello world", [1, 2, 3, 4], [0, -1, -2, -3])
+    assert (r1.text, r1.tokens) == (" world", [3, 4])
+    assert len(done) == 2   # each finished request's metrics recorded once
+
+
+def test_a_reader_that_keeps_up_gets_one_piece_per_token():
+    g, (s0,), _ = _gen(1)
+    it = g.events(0.01)
+    texts = []
+    for t in (1, 2, 6, 7, 5):
+        _tok(s0, t)
+        idx, piece = next(it)
+        assert len(piece["tokens"]) == 1 and piece["tokens"][0][0] == t
+        texts.append(piece["text"])
+    assert texts == ["Hel", "lo", "", "é", "!"]   # an incomplete UTF-8 character waits for its second byte
+    _done(s0)
+    assert next(it)[1]["done"]
+
+
+def test_merged_pieces_hold_back_and_cut_stop_strings():
+    g, (s0,), _ = _gen(1, stop=[" STOP"])
+    for t in (1, 2, 8, 9):   # "Hello STOP more": the engine stops at the stop string's offset
+        _tok(s0, t)
+    _done(s0, n_out_bytes=len(b"Hello"), reason="stop")
+    pieces = [p for _, p in g.events(0.01)]
+    assert "".join(p["text"] for p in pieces) == "Hello"
+    assert [t for t, _, _ in pieces[0]["tokens"]] == [1, 2, 8, 9]   # every token was seen...
+    r = g.results[0]
+    assert r.text == "Hello" and r.tokens == [1, 2] and r.stop_sequence == " STOP"   # ...the kept ones counted
+
+
+# ---------------------------------------------------------------- the live server, a reader behind
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    eng = make_engine(smollm2_path)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    srv = Server(engine, port=0, model_id="smollm2", keepalive_s=15.0).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def behind(monkeypatch):
+    """Each request's token events reach its HTTP thread only when the request is done, all at
+    once, as if the thread had been busy for the whole stream."""
+    orig = gen.Generation._sink
+
+    def sink(self, index, ev):
+        held = self.__dict__.setdefault("_held", [])
+        if ev["type"] == "token":
+            held.append(ev)
+            return
+        for h in held:
+            orig(self, index, h)
+        held.clear()
+        orig(self, index, ev)
+
+    monkeypatch.setattr(gen.Generation, "_sink", sink)
+
+
+def _stream(server, path, body):
+    st, h, data = raw(server, "POST", path, dict(body, stream=True, stream_options={"include_usage": True}))
+    assert st == 200 and h["content-type"].startswith("text/event-stream")
+    return [json.loads(d) for _, d in sse_events(data) if d != "[DONE]"]
+
+
+@pytest.mark.smollm2
+def test_completion_stream_behind_delivers_every_token(server, engine, behind):
+    prompt = "Once upon a time"
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1}
+    want = engine.generate(prompt, max_tokens=12, temperature=0)
+    evs = _stream(server, "/v1/completions", body)
+    content = [e for e in evs if e["choices"]]
+    assert "".join(e["choices"][0]["text"] for e in content) == want.text
+    assert len([e for e in content if e["choices"][0]["text"]]) < 12       # merged: fewer chunks than tokens
+    toks = [t for e in content if e["choices"][0]["logprobs"] for t in e["choices"][0]["logprobs"]["tokens"]]
+    assert len(toks) == 12 and "".join(toks) == want.text                    # a logprob entry per token
+    assert evs[-1]["usage"]["completion_tokens"] == 12 == len(want.tokens)
+
+
+@pytest.mark.smollm2
+def test_chat_stream_behind_honors_stop_and_counts_usage(server, engine, behind):
+    msg = [{"role": "user", "content": "Count from one to ten in words."}]
+    full = engine.chat(msg, max_tokens=24, temperature=0).text
+    words = full.split()
+    assert len(words) >= 4, full
+    stop = " " + words[len(words) // 2]
+    want = engine.chat(msg, max_tokens=24, temperature=0, stop=[stop])
+    body = {"model": "smollm2", "messages": msg, "max_tokens": 24, "temperature": 0, "stop": [stop],
+            "logprobs": True}
+    evs = _stream(server, "/v1/chat/completions", body)
+    content = [e for e in evs if e["choices"]]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in content)
+    assert text == want.text and stop not in text
+    lps = [lp for e in content if e["choices"][0]["logprobs"] for lp in e["choices"][0]["logprobs"]["content"]]
+    assert len(lps) == len(want.tokens) == evs[-1]["usage"]["completion_tokens"]
+    assert [e["choices"][0]["finish_reason"] for e in content][-1] == "stop"
