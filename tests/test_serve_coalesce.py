@@ -181,3 +181,92 @@ def test_chat_stream_behind_honors_stop_and_counts_usage(server, engine, behind)
     lps = [lp for e in content if e["choices"][0]["logprobs"] for lp in e["choices"][0]["logprobs"]["content"]]
     assert len(lps) == len(want.tokens) == evs[-1]["usage"]["completion_tokens"]
     assert [e["choices"][0]["finish_reason"] for e in content][-1] == "stop"
+
+
+# ---------------------------------------------------------------- tokens written from the scheduler thread
+def test_direct_writes_keep_order_and_fall_back_to_the_queue():
+    g, (s0,), _ = _gen(1)
+    wrote, ok = [], [True]
+
+    def try_write(data):
+        if ok[0]:
+            wrote.append(data)
+        return ok[0]
+    g.write_tokens_directly(0, lambda text: text.encode(), try_write)
+    it = g.events(0.01)
+    _tok(s0, 1), _tok(s0, 2)                 # queued before this thread wrote anything: through the queue
+    assert next(it)[1]["text"] == "Hello" and wrote == []
+    assert next(it) is None                  # the queue is empty: direct writes may start
+    _tok(s0, 3), _tok(s0, 6), _tok(s0, 7)    # " wor", then "é" in two tokens (nothing to write for the first)
+    assert wrote == [b" wor", "é".encode()] and g.q.empty()
+    ok[0] = False
+    _tok(s0, 4), _tok(s0, 5)                 # cannot write: this token and the next go through the queue
+    ok[0] = True
+    assert next(it)[1] == {"text": "ld!", "tokens": [(4, -0.5, [(4, -0.5)]), (5, -0.5, [(5, -0.5)])], "t": 0.0}
+    assert next(it) is None                  # drained again
+    _tok(s0, 9)
+    assert wrote[-1] == b" more"
+    _done(s0)
+    assert next(it)[1]["done"]
+    r = g.results[0]
+    assert r.tokens == [1, 2, 3, 6, 7, 4, 5, 9] and r.text == "Hello wor" + "é" + "ld!" + " more"
+    assert g.n_direct == 4
+
+
+@pytest.fixture
+def generations(monkeypatch):
+    seen = []
+    orig = gen.Generation.write_tokens_directly
+
+    def record(self, *a):
+        if self not in seen:
+            seen.append(self)
+        return orig(self, *a)
+    monkeypatch.setattr(gen.Generation, "write_tokens_directly", record)
+    return seen
+
+
+@pytest.mark.smollm2
+def test_plain_streams_are_written_from_the_scheduler_thread(server, engine, generations):
+    prompt = "Once upon a time"
+    want = engine.generate(prompt, max_tokens=24, temperature=0)
+    evs = _stream(server, "/v1/completions", {"model": "smollm2", "prompt": prompt, "max_tokens": 24,
+                                               "temperature": 0})
+    assert "".join(e["choices"][0]["text"] for e in evs if e["choices"]) == want.text
+    assert evs[-1]["usage"]["completion_tokens"] == len(want.tokens)
+    assert len(generations) == 1 and generations[0].n_direct > 0
+    msg = [{"role": "user", "content": "Say hello."}]
+    want = engine.chat(msg, max_tokens=16, temperature=0)
+    evs = _stream(server, "/v1/chat/completions", {"model": "smollm2", "messages": msg, "max_tokens": 16,
+                                                    "temperature": 0})
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in evs if e["choices"]) == want.text
+    assert len(generations) == 2 and generations[1].n_direct > 0
+
+
+def test_try_write_never_blocks_and_the_rest_goes_out_first():
+    """A client that does not read: try_write keeps what the socket cannot take, refuses more, and
+    the handler's next write sends the kept bytes before its own."""
+    import socket
+    import threading
+    import types
+
+    from colibri_lab.server.http import Handler
+    a, b = socket.socketpair()
+    a.settimeout(5.0)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    h = types.SimpleNamespace(connection=a, wfile=a.makefile("wb", buffering=0), _wlock=threading.Lock(),
+                              _rest=b"", sse_started=True, last_write=0.0, close_connection=False)
+    sent, k = [], 0
+    while not h._rest:                          # fill the socket buffer without blocking
+        data = b"%08d" % k * 64
+        assert Handler.try_write(h, data)
+        sent.append(data)
+        k += 1
+    assert not Handler.try_write(h, b"later")   # earlier bytes are still unsent: the caller must queue it
+    got = []
+    reader = threading.Thread(target=lambda: got.append(b"".join(iter(lambda: b.recv(1 << 16), b""))))
+    reader.start()
+    Handler._write(h, b"END")
+    a.shutdown(socket.SHUT_WR)
+    reader.join(10)
+    assert got[0] == b"".join(sent) + b"END"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -76,6 +77,12 @@ class Generation:
         self.handles: dict[int, object] = {}
         self.pending: set[int] = set()
         self._on_done = on_done
+        # choices whose token chunks the scheduler thread writes itself (write_tokens_directly)
+        self._lock = threading.Lock()
+        self._direct: dict[int, Callable[[str], bytes]] = {}
+        self._direct_on: set[int] = set()
+        self._try_write: Callable[[bytes], bool] | None = None
+        self.n_direct = 0   # tokens whose chunk went out from the scheduler thread
         try:
             engine.scheduler.admit(len(specs))
         except InvalidRequestError as e:   # more choices than could ever be scheduled
@@ -94,14 +101,37 @@ class Generation:
             self.cancel()   # what was submitted still finishes in the engine, and its sink records it
             raise map_engine_error(e) from e
 
+    def write_tokens_directly(self, index: int, chunk_of: Callable[[str], bytes], try_write) -> None:
+        """Let the scheduler thread write choice `index`'s token chunks itself (`chunk_of(text)` ->
+        the SSE bytes, `try_write(bytes)` -> False when it cannot write now), for a choice whose
+        token pieces need nothing but their text (no logprobs, no tool-call buffering).  It starts
+        once this thread has written everything queued before; a token that cannot be written goes
+        through the queue as before, and so does every later one until the queue is empty again.
+        The HTTP thread is then woken for the end of the request, not for each token."""
+        self._try_write = try_write
+        self._direct[index] = chunk_of
+
     def _sink(self, index: int, ev: dict) -> None:
-        """On the scheduler thread: record a finished request, queue the event (never blocks)."""
+        """On the scheduler thread: record a finished request; write a token's chunk when the
+        choice is written directly, else queue the event (never blocks)."""
         if ev["type"] == "done":
             try:
                 self._on_done(ev["metrics"])
             except Exception:
                 pass
-        self.q.put((index, ev))
+        with self._lock:
+            piece = None
+            if ev["type"] == "token" and index in self._direct_on:
+                piece = self._decode(index, ev)
+                try:
+                    written = not piece["text"] or self._try_write(self._direct[index](piece["text"]))
+                except Exception:   # never lose the token: the HTTP thread writes it (and meets the error)
+                    written = False
+                if written:
+                    self.n_direct += 1
+                    return
+            self._direct_on.discard(index)
+            self.q.put((index, ev, piece))
 
     def _decode(self, index: int, ev: dict) -> dict:
         """On the HTTP thread: one engine event as the piece the API modules write: a token's
@@ -133,8 +163,9 @@ class Generation:
         events into one piece (text concatenated, every token in `tokens`, the last one's time).
         Only events already queued are merged: a client that keeps up gets one piece per token."""
         out, open_tok = [], {}   # choice -> index in out of its token piece still open for merging
-        for idx, ev in batch:
-            piece = self._decode(idx, ev)
+        for idx, ev, piece in batch:
+            if piece is None:   # not decoded yet (the scheduler thread did when it tried to write it)
+                piece = self._decode(idx, ev)
             j = open_tok.get(idx)
             if "tokens" in piece and j is not None:
                 merged = out[j][1]
@@ -161,6 +192,10 @@ class Generation:
         busy (a client or a thread behind the engine) come out merged per choice (see _pieces):
         one SSE chunk and one write for several tokens, each token's text and logprob in it."""
         while self.pending:
+            if self._direct:
+                with self._lock:   # everything taken so far is written: the scheduler thread may go on
+                    if self.q.empty():
+                        self._direct_on.update(i for i in self._direct if i in self.pending)
             try:
                 batch = [self.q.get(timeout=tick)]
             except queue.Empty:

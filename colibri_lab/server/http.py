@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import os
 import re
 import select
 import socket
@@ -128,6 +129,8 @@ class Handler(BaseHTTPRequestHandler):
             pass
         self.reader = Reader(self.connection, self.lim)
         self.conn = self.server.conn_of(self.connection)
+        self._wlock = threading.Lock()   # one writer at a time: this thread, or the scheduler's (try_write)
+        self._rest = b""                 # bytes try_write could not send: they go out before anything else
         self.request_version = "HTTP/1.1"
         self.requestline = ""
         self.command = ""
@@ -428,12 +431,41 @@ class Handler(BaseHTTPRequestHandler):
         self.srv.metrics.count_http(self.endpoint, 200)
 
     def _write(self, data: bytes) -> None:
+        with self._wlock:
+            try:
+                if self._rest:
+                    rest, self._rest = self._rest, b""
+                    self.wfile.write(rest)
+                self.wfile.write(data)
+            except OSError:
+                self.close_connection = True
+                raise ClientGone() from None
+            self.last_write = time.monotonic()
+
+    def try_write(self, data: bytes) -> bool:
+        """Write from another thread (the scheduler's, between steps) without ever blocking: False
+        when this thread is writing, earlier bytes are still unsent or the socket failed (then the
+        caller hands the data to this thread instead).  Bytes the socket buffer cannot take now are
+        kept and sent first by this thread's next write."""
+        if not self._wlock.acquire(blocking=False):
+            return False
         try:
-            self.wfile.write(data)
-        except OSError:
-            self.close_connection = True
-            raise ClientGone() from None
-        self.last_write = time.monotonic()
+            if self._rest or not self.sse_started:
+                return False
+            try:
+                sock = self.connection
+                # a socket with a timeout has a non-blocking fd; one without one is asked not to wait
+                n = sock.send(data, socket.MSG_DONTWAIT) if sock.gettimeout() is None else os.write(sock.fileno(), data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                return False
+            if n < len(data):
+                self._rest = data[n:]
+            self.last_write = time.monotonic()
+            return True
+        finally:
+            self._wlock.release()
 
     def sse(self, obj, event: str | None = None) -> None:
         payload = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)

@@ -9,6 +9,7 @@ reported as `schema_ignored`; see convert.ignored).
 """
 from __future__ import annotations
 
+import functools
 import json
 
 from .body import Body, check_keys, stop_list
@@ -353,6 +354,11 @@ _MARK = "\x00text\x00"
 _json_str = json.encoder.encode_basestring   # json.dumps(s, ensure_ascii=False) of a str, in C
 
 
+def _sse_bytes(text_chunk, text: str) -> bytes:
+    """The SSE event of a token's text chunk, as the handler's sse() writes it."""
+    return f"data: {text_chunk(text)}\n\n".encode("utf-8", "backslashreplace")
+
+
 def _text_chunks(chunk, choice):
     """The per-token chunk of a stream as text: text -> the JSON of chunk([choice(text)]),
     character for character, from a serialisation made once (the token's text is the only
@@ -378,6 +384,9 @@ def _chat_stream(ctx, gen, rid, model, n, tm, want_lp, top_lp, include_usage) ->
 
         plain = {i: _text_chunks(chunk, lambda t, i=i: {"index": i, "delta": {"content": t}, "logprobs": None,
                                                         "finish_reason": None}) for i in range(n)}
+        if not want_lp and not tm.active:   # a token's chunk is its text alone: the scheduler thread writes it
+            for i in range(n):
+                gen.write_tokens_directly(i, functools.partial(_sse_bytes, plain[i]), ctx.try_write)
 
         def content(i, text):
             if not want_lp:
@@ -537,6 +546,9 @@ def _completion_stream(ctx, gen, rid, model, n_choices, n_lp, prompt_text, inclu
         ctx.start_sse()
         for i, text in sorted(prompt_text.items()):
             ctx.sse(chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}]))
+        if n_lp is None:   # a token's chunk is its text alone: the scheduler thread writes it
+            for i in range(n_choices):
+                gen.write_tokens_directly(i, functools.partial(_sse_bytes, plain[i]), ctx.try_write)
 
         def send(i, text, reason=None, **extra):
             if n_lp is None and reason is None and not extra:   # a token's text: the common chunk
