@@ -231,8 +231,9 @@ typedef struct {
     int            n;        /* rows */
     int            dim;      /* row length */
     int            rope_in_attn; /* 1: task_attention runs RoPE and the KV store of its rows first */
-    cb_block_q8   *q_out;    /* rmsnorm / attention / swiglu: their output rows quantized here for
+    void          *q_out;    /* rmsnorm / attention / swiglu: their output rows quantized here for
                                 the next matmul (each thread its own rows, once), or NULL */
+    int            q_fmt;    /* ... in the formats that matmul's weights read (cb_act_formats) */
 } row_task;
 
 static void rows_range(int n, int ith, int nth, int *r0, int *r1) {
@@ -257,7 +258,7 @@ static void task_rmsnorm(void *arg, int ith, int nth) {
         }
         t->c->k->rmsnorm(in, t->norm_w, t->out + (size_t)r * t->dim, t->dim, eps);
     }
-    if (t->q_out) cb_quantize_rows(t->c->k, t->out, t->q_out, t->dim, r0, r1);
+    if (t->q_out) cb_quantize_rows(t->c->k, t->out, t->q_out, t->dim, t->n, r0, r1, t->q_fmt);
 }
 
 /* Run a row task on the pool when there is enough work, else inline. */
@@ -377,7 +378,7 @@ static void task_attention(void *arg, int ith, int nth) {
         c->k->attn(c->q + r * qdim + (size_t)h * hd, per, hd, K, V, (size_t)hd, c->kv_f16, n_pos, scale,
                    scores, c->xb + r * qdim + (size_t)h * hd);
     }
-    if (t->q_out) cb_quantize_rows(c->k, c->xb, t->q_out, (int64_t)qdim, q_rows[0], q_rows[1]);
+    if (t->q_out) cb_quantize_rows(c->k, c->xb, t->q_out, (int64_t)qdim, t->n, q_rows[0], q_rows[1], t->q_fmt);
 }
 
 /* hb = act(hb) * hb2 over rows of width t->dim (packed): SiLU (SwiGLU), or
@@ -394,7 +395,7 @@ static void task_swiglu(void *arg, int ith, int nth) {
         if (gelu) cb_geglu_generic(g, u, n_ff);
         else c->k->swiglu(g, u, n_ff);
     }
-    if (t->q_out) cb_quantize_rows(c->k, c->hb, t->q_out, n_ff, r0, r1);
+    if (t->q_out) cb_quantize_rows(c->k, c->hb, t->q_out, n_ff, t->n, r0, r1, t->q_fmt);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -413,7 +414,7 @@ static void add_rows(float *x, const float *d, size_t n) {
 /* Several matmuls over the same input rows as one pool run sharing one
  * activation quantization (bit-identical to separate matmul() calls); xq:
  * the rows already quantized by the task that made them, or NULL. */
-static void matmul_q(cb_ctx *c, const cb_weight *const *w, int n_w, const float *x, const cb_block_q8 *xq,
+static void matmul_q(cb_ctx *c, const cb_weight *const *w, int n_w, const float *x, const void *xq,
                      int n, float *const *y) {
     double t0 = now_ms();
     cb_matmul_multi(c->pool, c->k, w, n_w, x, xq, n, y, c->mm_scratch);
@@ -648,15 +649,17 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         t.layer = l;
         /* attention */
         t.norm_w = L->attn_norm; t.in = c->x; t.add = residual; t.add_norm_w = residual_norm; t.out = c->xb;
-        t.q_out = cb_type_wants_q8(L->wq.type) ? c->act_q : NULL;
+        const cb_weight *wqkv[3] = { &L->wq, &L->wk, &L->wv };
+        t.q_fmt = cb_act_formats(wqkv, 3);
+        t.q_out = t.q_fmt ? c->act_q : NULL;
         { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         {
-            const cb_weight *wqkv[3] = { &L->wq, &L->wk, &L->wv };
             float *const yqkv[3] = { c->q, c->kx, c->vx };
             matmul_q(c, wqkv, 3, c->xb, t.q_out, n, yqkv);
         }
         if (!t.rope_in_attn) { double tr = now_ms(); run_rows(c, task_rope_store, &t); c->t_rope += now_ms() - tr; }
-        t.q_out = attn_rows && cb_type_wants_q8(L->wo.type) ? c->act_q : NULL;
+        t.q_fmt = cb_type_act(L->wo.type);
+        t.q_out = attn_rows && t.q_fmt ? c->act_q : NULL;
         double ta = now_ms();
         if (attn_nth > 1) cb_pool_run(c->pool, task_attention, &t);
         else task_attention(&t, 0, 1);
@@ -667,16 +670,18 @@ void cb_forward(cb_ctx *c, const cb_batch *b) {
         }
         /* feed-forward */
         t.norm_w = L->ffn_norm; t.in = c->x; t.add = c->tmp; t.add_norm_w = L->attn_post_norm; t.out = c->xb;
-        t.q_out = !m->cfg.moe && cb_type_wants_q8(L->w_gate.type) ? c->act_q : NULL;
+        const cb_weight *wgu[2] = { &L->w_gate, &L->w_up }, *wd = &L->w_down;
+        t.q_fmt = m->cfg.moe ? 0 : cb_act_formats(wgu, 2);
+        t.q_out = t.q_fmt ? c->act_q : NULL;
         { double tn = now_ms(); run_rows(c, task_rmsnorm, &t); c->t_norm += now_ms() - tn; }
         if (m->cfg.moe) {
             moe_ffn(c, l, b, &t);
         } else {
-            const cb_weight *wgu[2] = { &L->w_gate, &L->w_up }, *wd = &L->w_down;
             float *const ygu[2] = { c->hb, c->hb2 };
             matmul_q(c, wgu, 2, c->xb, t.q_out, n, ygu);
             t.dim = I->n_ff;
-            t.q_out = cb_type_wants_q8(L->w_down.type) ? c->act_q : NULL;
+            t.q_fmt = cb_type_act(L->w_down.type);
+            t.q_out = t.q_fmt ? c->act_q : NULL;
             run_rows(c, task_swiglu, &t);
             t.dim = D;
             matmul_q(c, &wd, 1, c->hb, t.q_out, n, &c->tmp);

@@ -64,8 +64,8 @@ typedef struct {
     float *head_pmax;             /* per-thread partials of both [n_threads x n_logits] */
     int64_t *head_pidx;
     void  *mm_scratch;            /* quantized activations for cb_matmul */
-    cb_block_q8 *act_q;           /* a matmul's input rows quantized by the task that made them
-                                     (norm, attention, SwiGLU) [n_batch x max width / 32] */
+    void  *act_q;                 /* a matmul's input rows quantized by the task that made them
+                                     (norm, attention, SwiGLU; cb_quantize_rows' layout) */
     const uint8_t *skip_layer;    /* [n_layer] 1 = skip this block (self-speculative drafts); NULL = run all */
     int64_t head_rows;            /* > 0: the LM head scores only tokens [0, head_rows) (a multiple of
                                      CB_PANEL), logits rows then hold head_rows floats; 0 = every token */

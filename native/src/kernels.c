@@ -121,9 +121,20 @@ const char *cb_type_name(int type) {
     }
 }
 
-int cb_type_wants_q8(int type) {
-    return type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_0 || type == CB_TYPE_Q5_1 ||
-           type == CB_TYPE_Q8_0 || cb_kq_is_kquant(type);
+int cb_type_act(int type) {
+    if (type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K) return CB_ACT_Q8K;
+    if (type == CB_TYPE_Q4_0 || type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_0 || type == CB_TYPE_Q5_1 ||
+        type == CB_TYPE_Q8_0 || cb_kq_is_kquant(type))
+        return CB_ACT_Q8;
+    return 0;
+}
+
+int cb_type_wants_q8(int type) { return cb_type_act(type) != 0; }
+
+int cb_act_formats(const cb_weight *const *w, int n_w) {
+    int fmt = 0;
+    for (int i = 0; i < n_w; i++) fmt |= cb_type_act(w[i]->type);
+    return fmt;
 }
 
 /* -------------------------------------------------------------- SIMD */
@@ -184,13 +195,23 @@ const cb_kernels *cb_kernels_get(int simd) {
 
 /* ---------------------------------------------------------------- matmul */
 
-/* Activations for quantized weights: n_rows * nb blocks, padded to 64 bytes. */
-size_t cb_matmul_scratch(int64_t n_in, int n_rows) {
-    if (n_in <= 0 || n_rows <= 0) return 64;
-    const size_t nb = (size_t)((n_in + CB_QK - 1) / CB_QK);
-    const size_t bytes = (size_t)n_rows * nb * sizeof(cb_block_q8);
-    return (bytes + 63) & ~(size_t)63;
+/* Activations for quantized weights: per format n_rows * blocks, each
+ * region padded to 64 bytes. */
+static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+size_t cb_act_q8k_offset(int64_t n_in, int n_rows, int fmt) {
+    if (!(fmt & CB_ACT_Q8) || n_in <= 0 || n_rows <= 0) return 0;
+    return round64((size_t)n_rows * (size_t)((n_in + CB_QK - 1) / CB_QK) * sizeof(cb_block_q8));
 }
+
+size_t cb_act_bytes(int64_t n_in, int n_rows, int fmt) {
+    if (n_in <= 0 || n_rows <= 0) return 64;
+    size_t b = cb_act_q8k_offset(n_in, n_rows, fmt);
+    if (fmt & CB_ACT_Q8K) b += round64((size_t)n_rows * (size_t)((n_in + CB_QK_K - 1) / CB_QK_K) * sizeof(cb_block_q8k));
+    return b ? b : 64;
+}
+
+size_t cb_matmul_scratch(int64_t n_in, int n_rows) { return cb_act_bytes(n_in, n_rows, CB_ACT_Q8 | CB_ACT_Q8K); }
 
 /* Decode-sized activations are quantized redundantly by every thread into a
  * stack buffer, so a matmul is ONE pool run instead of two (a run costs about
@@ -214,25 +235,39 @@ typedef struct {
     int               n_rows; /* activation rows */
     float            *am_max; /* argmax: per-thread partials [nth][n_rows] (NULL: no argmax) */
     int64_t          *am_idx; /* ... and their indices */
-    const cb_block_q8 *xq;    /* shared quantized activations (NULL: none or local) */
-    cb_block_q8      *qbuf;   /* where mm_quantize_task writes them (the scratch) */
-    int               quant;  /* 1: some weight is quantized (needs xq) */
+    const void       *xq;     /* shared quantized activations (NULL: none or local) */
+    void             *qbuf;   /* where mm_quantize_task writes them (the scratch) */
+    int               quant;  /* the activation formats the weights read (CB_ACT_*; 0: floats only) */
     int               local_q;/* 1: each thread quantizes into its own stack buffer */
     int64_t           chunk[CB_MATMUL_MULTI_MAX];   /* output rows per work item of weight i */
     int64_t           first[CB_MATMUL_MULTI_MAX + 1];/* work items before weight i (prefix sums) */
     atomic_llong      next;   /* next work item to hand out, over all weights */
 } mm_ctx;
 
-/* K-quant weights go to kquants*.c; everything else to the level's table. */
-static inline void mm_rows(const cb_kernels *k, const cb_weight *w, const cb_block_q8 *xq, const float *xf,
+/* K-quant weights go to kquants*.c; everything else to the level's table.
+ * xq: the activation buffer in the formats fmt (layout in kernels.h). */
+static inline void mm_rows(const cb_kernels *k, const cb_weight *w, const void *xq, int fmt, const float *xf,
                            int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    if (cb_kq_is_kquant(w->type)) cb_kq_matmul_rows(k->simd, w, xq, n_rows, y, ldy, o0, o1);
-    else k->matmul_rows(w, xq, xf, n_rows, y, ldy, o0, o1);
+    const cb_block_q8 *q8 = xq;
+    const cb_block_q8k *q8k =
+        xq && (fmt & CB_ACT_Q8K) ? (const cb_block_q8k *)((const char *)xq + cb_act_q8k_offset(w->n_in, n_rows, fmt))
+                                 : NULL;
+    if (cb_kq_is_kquant(w->type)) cb_kq_matmul_rows(k->simd, w, q8, q8k, n_rows, y, ldy, o0, o1);
+    else k->matmul_rows(w, q8, xf, n_rows, y, ldy, o0, o1);
 }
 
-void cb_quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q, int64_t n_in, int r0, int r1) {
-    const int64_t nb = n_in / CB_QK;
-    for (int r = r0; r < r1; r++) k->quantize_q8(x + (int64_t)r * n_in, q + (int64_t)r * nb, n_in);
+void cb_quantize_rows(const cb_kernels *k, const float *x, void *q, int64_t n_in, int n_rows, int r0, int r1,
+                      int fmt) {
+    if (fmt & CB_ACT_Q8) {
+        const int64_t nb = n_in / CB_QK;
+        cb_block_q8 *q8 = q;
+        for (int r = r0; r < r1; r++) k->quantize_q8(x + (int64_t)r * n_in, q8 + (int64_t)r * nb, n_in);
+    }
+    if (fmt & CB_ACT_Q8K) {
+        const int64_t nsb = n_in / CB_QK_K;
+        cb_block_q8k *q8k = (cb_block_q8k *)((char *)q + cb_act_q8k_offset(n_in, n_rows, fmt));
+        for (int r = r0; r < r1; r++) cb_kq_quantize_q8k(k->simd, x + (int64_t)r * n_in, q8k + (int64_t)r * nsb, n_in);
+    }
 }
 
 static void mm_quantize_task(void *arg, int ith, int nth) {
@@ -240,15 +275,15 @@ static void mm_quantize_task(void *arg, int ith, int nth) {
     const int per = (c->n_rows + nth - 1) / nth;
     const int r0 = ith * per;
     const int r1 = r0 + per < c->n_rows ? r0 + per : c->n_rows;
-    if (r0 < r1) cb_quantize_rows(c->k, c->x, c->qbuf, c->n_in, r0, r1);
+    if (r0 < r1) cb_quantize_rows(c->k, c->x, c->qbuf, c->n_in, c->n_rows, r0, r1, c->quant);
 }
 
 static void mm_compute_task(void *arg, int ith, int nth) {
     mm_ctx *c = arg;
-    const cb_block_q8 *xq = c->xq;
-    _Alignas(64) cb_block_q8 local[CB_LOCAL_Q8_BYTES / sizeof(cb_block_q8)];
+    const void *xq = c->xq;
+    _Alignas(64) char local[CB_LOCAL_Q8_BYTES];
     if (c->local_q) {
-        cb_quantize_rows(c->k, c->x, local, c->n_in, 0, c->n_rows);
+        cb_quantize_rows(c->k, c->x, local, c->n_in, c->n_rows, 0, c->n_rows, c->quant);
         xq = local;
     }
     const int64_t total = c->first[c->n_w];
@@ -263,7 +298,7 @@ static void mm_compute_task(void *arg, int ith, int nth) {
         const cb_weight *w = c->w[wi];
         const int64_t o0 = (i - c->first[wi]) * c->chunk[wi];
         const int64_t o1 = o0 + c->chunk[wi] < w->n_out ? o0 + c->chunk[wi] : w->n_out;
-        mm_rows(c->k, w, xq, c->x, c->n_rows, c->y[wi], w->n_out, o0, o1);
+        mm_rows(c->k, w, xq, c->quant, c->x, c->n_rows, c->y[wi], w->n_out, o0, o1);
         for (int r = 0; am_max && r < c->n_rows; r++)  /* while the item's outputs are in cache */
             c->k->argmax(c->y[wi] + (size_t)r * w->n_out + o0, o1 - o0, o0, &am_max[r], &am_idx[r]);
     }
@@ -290,7 +325,7 @@ static int64_t mm_chunk(int64_t n_out, int n_rows, int nth) {
 }
 
 static void matmul_run(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
-                       const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch,
+                       const float *x, const void *xq, int n_rows, float *const *y, void *scratch,
                        float *am_max, int64_t *am_idx) {
     if (n_rows <= 0 || n_w <= 0) return;
     if (n_w > CB_MATMUL_MULTI_MAX) {  /* more than one run's worth: split */
@@ -305,8 +340,8 @@ static void matmul_run(cb_pool *pool, const cb_kernels *k, const cb_weight *cons
     c.xq = NULL; c.qbuf = scratch; c.local_q = 0; c.quant = 0;
     c.am_max = am_max; c.am_idx = am_idx;
     c.first[0] = 0;
+    c.quant = cb_act_formats(w, n_w);
     for (int i = 0; i < n_w; i++) {
-        if (cb_type_wants_q8(w[i]->type)) c.quant = 1;
         c.chunk[i] = mm_chunk(w[i]->n_out, n_rows, nth);
         c.first[i + 1] = c.first[i] + (w[i]->n_out > 0 ? (w[i]->n_out + c.chunk[i] - 1) / c.chunk[i] : 0);
     }
@@ -314,7 +349,7 @@ static void matmul_run(cb_pool *pool, const cb_kernels *k, const cb_weight *cons
         for (int i = 0; am_max && i < nth * n_rows; i++) { am_max[i] = -INFINITY; am_idx[i] = -1; }
         return;
     }
-    const size_t qbytes = (size_t)n_rows * (size_t)(c.n_in / CB_QK) * sizeof(cb_block_q8);
+    const size_t qbytes = cb_act_bytes(c.n_in, n_rows, c.quant);
     int quantize = 0;  /* 1: quantize x into scratch before the run */
     if (c.quant && xq) {
         c.xq = xq;
@@ -325,7 +360,7 @@ static void matmul_run(cb_pool *pool, const cb_kernels *k, const cb_weight *cons
     atomic_init(&c.next, 0);
 
     if (nth == 1) {  /* one item per weight, on this thread */
-        if (quantize) cb_quantize_rows(k, x, scratch, c.n_in, 0, n_rows);
+        if (quantize) cb_quantize_rows(k, x, scratch, c.n_in, n_rows, 0, n_rows, c.quant);
         mm_compute_task(&c, 0, 1);
         return;
     }
@@ -334,7 +369,7 @@ static void matmul_run(cb_pool *pool, const cb_kernels *k, const cb_weight *cons
 }
 
 void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
-                     const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch) {
+                     const float *x, const void *xq, int n_rows, float *const *y, void *scratch) {
     matmul_run(pool, k, w, n_w, x, xq, n_rows, y, scratch, NULL, NULL);
 }
 

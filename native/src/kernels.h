@@ -39,6 +39,21 @@ typedef struct {
     int8_t qs[CB_QK];
 } cb_block_q8;
 
+/* Activations for the K-quant matmuls Q4_K, Q5_K and Q6_K (llama.cpp's Q8_K
+ * shape): one float scale per 256 values, so those kernels take ONE float
+ * step per (activation row, output, 256 weights) and do everything inside a
+ * super-block in exact integers (see kquants.h).  Quantized as cb_block_q8
+ * is (d = max|x| / 127, round to nearest even), over 256 values. */
+typedef struct {
+    float   d;          /* scale: x ~= d * qs */
+    int16_t bs16[16];   /* sum of qs[16i .. 16i + 16) (|.| <= 2032): Q6_K's -32 offsets */
+    int16_t bs32[8];    /* sum of qs[32j .. 32j + 32) (|.| <= 4064): Q4_K / Q5_K mins */
+    int8_t  qs[256];
+} cb_block_q8k;         /* 308 bytes, every field 4-byte aligned in an array */
+
+/* Activation formats a matmul's weight type reads (cb_type_act). */
+enum { CB_ACT_Q8 = 1, CB_ACT_Q8K = 2 };
+
 /* Scalar conversions (bit-exact with ggml's). */
 float    cb_f16_to_f32(uint16_t h);
 uint16_t cb_f32_to_f16(float f);
@@ -222,8 +237,23 @@ void cb_f32_row_to_f16(const float *x, uint16_t *y, int64_t n);
 /* Table for a level, or NULL if the CPU (or this build) lacks it. */
 const cb_kernels *cb_kernels_get(int simd);
 
-/* Bytes of scratch cb_matmul needs for n_rows rows of n_in inputs. */
+/* Bytes of scratch cb_matmul needs for n_rows rows of n_in inputs (room
+ * for both activation formats). */
 size_t cb_matmul_scratch(int64_t n_in, int n_rows);
+
+/* Quantized activations of n_rows rows of n_in inputs in the formats `fmt`
+ * (CB_ACT_* bits) live in one buffer: the cb_block_q8 blocks (if fmt has
+ * CB_ACT_Q8) at offset 0, n_rows x n_in/32 of them, then the cb_block_q8k
+ * blocks (if CB_ACT_Q8K) at cb_act_q8k_offset, n_rows x n_in/256.  Whoever
+ * quantizes (cb_quantize_rows) and the matmul that reads agree on fmt by
+ * both taking it from cb_act_formats of the same weights. */
+size_t cb_act_q8k_offset(int64_t n_in, int n_rows, int fmt);
+/* Bytes of that buffer (<= cb_matmul_scratch(n_in, n_rows)). */
+size_t cb_act_bytes(int64_t n_in, int n_rows, int fmt);
+/* The format a weight type reads: 0 (floats), CB_ACT_Q8 or CB_ACT_Q8K. */
+int cb_type_act(int type);
+/* The union of cb_type_act over n_w weights. */
+int cb_act_formats(const cb_weight *const *w, int n_w);
 
 /* y[n_rows][w->n_out] = x[n_rows][w->n_in] * w^T, threads over output rows.
  * scratch: cb_matmul_scratch() bytes, 64-byte aligned.  Allocates nothing. */
@@ -234,17 +264,18 @@ void cb_matmul(cb_pool *pool, const cb_kernels *k, const cb_weight *w,
 #define CB_MATMUL_MULTI_MAX 8
 
 /* y[i][n_rows][w[i]->n_out] = x[n_rows][n_in] * w[i]^T for i < n_w, as ONE
- * pool run with one activation quantization shared by every weight (e.g.
- * Q, K and V; or FFN gate and up).  Every w[i] must have the same n_in.
- * Each y[i] is bit-identical to cb_matmul(w[i]) (same kernels, same
- * per-(row, output) order); only the synchronisation is saved: decode issues
- * a pool run per matmul, and at 2 threads each costs a few microseconds.
- * xq: x already quantized (n_rows x n_in/32 blocks by k->quantize_q8, e.g.
- * by the task that produced x, split by rows over the threads), or NULL to
- * quantize here; float weights always read x.
+ * pool run with one activation quantization per format shared by every
+ * weight (e.g. Q, K and V; or FFN gate and up).  Every w[i] must have the
+ * same n_in.  Each y[i] is bit-identical to cb_matmul(w[i]) (same kernels,
+ * same per-(row, output) order); only the synchronisation is saved: decode
+ * issues a pool run per matmul, and at 2 threads each costs a few
+ * microseconds.  xq: x already quantized in the formats
+ * cb_act_formats(w, n_w) (cb_quantize_rows, e.g. by the task that produced
+ * x, split by rows over the threads), or NULL to quantize here; float
+ * weights always read x.
  * scratch: cb_matmul_scratch(n_in, n_rows) bytes.  Allocates nothing. */
 void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const *w, int n_w,
-                     const float *x, const cb_block_q8 *xq, int n_rows, float *const *y, void *scratch);
+                     const float *x, const void *xq, int n_rows, float *const *y, void *scratch);
 
 /* cb_matmul of one weight that also finds, for each row r, the first index
  * of its largest output (NaN never wins): idx[r] (-1 when every output is
@@ -256,12 +287,15 @@ void cb_matmul_multi(cb_pool *pool, const cb_kernels *k, const cb_weight *const 
 void cb_matmul_argmax(cb_pool *pool, const cb_kernels *k, const cb_weight *w, const float *x, int n_rows,
                       float *y, void *scratch, float *part_max, int64_t *part_idx, float *max, int64_t *idx);
 
-/* Rows [r0, r1) of x ([rows][n_in], n_in a multiple of 32) quantized into
- * q ([rows][n_in / 32] blocks) by k->quantize_q8: the xq of cb_matmul_multi. */
-void cb_quantize_rows(const cb_kernels *k, const float *x, cb_block_q8 *q, int64_t n_in, int r0, int r1);
+/* Rows [r0, r1) of x ([n_rows][n_in], n_in a multiple of 32; of 256 when
+ * fmt has CB_ACT_Q8K) quantized into the buffer q in the formats fmt (the
+ * layout above; k->quantize_q8 and cb_kq_quantize_q8k): the xq of
+ * cb_matmul_multi. */
+void cb_quantize_rows(const cb_kernels *k, const float *x, void *q, int64_t n_in, int n_rows, int r0, int r1,
+                      int fmt);
 
-/* 1: matmuls with weights of this type read the activations quantized to
- * cb_block_q8 blocks (the xq of cb_matmul_multi); 0: they read floats. */
+/* 1: matmuls with weights of this type read quantized activations (the xq
+ * of cb_matmul_multi, format cb_type_act); 0: they read floats. */
 int cb_type_wants_q8(int type);
 
 /* Dequantize row `row` of w into out[n_in] (embedding lookup; reference path). */

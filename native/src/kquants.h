@@ -1,36 +1,47 @@
 /*
- * kquants.h — llama.cpp's K-quant weight types Q4_K, Q5_K and Q6_K
- * ("k-quants": super-blocks of 256 weights with sub-block scales), so that
- * Q4_K_M / Q5_K_M / Q6_K GGUF files load.
+ * kquants.h — llama.cpp's K-quant weight types Q2_K ... Q6_K ("k-quants":
+ * super-blocks of 256 weights with sub-block scales), so that Q4_K_M /
+ * Q5_K_M / Q6_K / Q3_K_M / Q2_K GGUF files load.
  *
- * Dot products run against the engine's own int8 activations (cb_block_q8:
- * 32 values, float scale d, s = d * sum(qs)) rather than llama.cpp's Q8_K
- * (256 values, one scale).  Every K-quant sub-block of 32 weights (Q4_K,
- * Q5_K) or pair of 16-weight sub-blocks (Q6_K) lines up with exactly one
- * activation block, so per activation block b the integer sum is exact and
- * the float part is
- *     Q4_K / Q5_K:  acc += (float)(isum_b * sc_b) * (d * dx_b)
- *                   acc -= (dmin * (float)m_b) * s_b
- *     Q6_K:         acc += (float)(sc_lo * isum_lo + sc_hi * isum_hi) * (d * dx_b)
- * with isum_b = sum q_i * qx_i over the block (Q6_K: q_i - 32 per 16-half).
- * The integer terms stay below 2^24 (Q5_K: 32*31*127*63 < 8e6; Q6_K:
- * 2*16*32*127*128 < 1.7e7), so the int -> float conversion is exact.
- * Finer activation scales (32 instead of 256 values) make this at least as
- * accurate as ggml's Q8_K path.
+ * Q4_K, Q5_K and Q6_K dot products run against cb_block_q8k activations
+ * (kernels.h: llama.cpp's Q8_K shape, one float scale dx per 256 values,
+ * int16 sums of 16 and 32 values), so everything inside a super-block is
+ * exact integer arithmetic and there is ONE float step per (activation row,
+ * output, super-block):
+ *     Q4_K / Q5_K:  isum = sum_j sc_j * sum_l q_jl * x_jl      (j: 8 sub-blocks of 32)
+ *                   msum = sum_j m_j * bs32_j
+ *                   acc += (d * (float)isum - dmin * (float)msum) * dx
+ *     Q6_K:         isum = sum_i sc_i * sum_l (q_il - 32) * x_il   (i: 16 sub-blocks of 16)
+ *                   acc += (d * (float)isum) * dx
+ * each product and difference rounded on its own (no fused multiply-add
+ * anywhere: cb_kq_step_min / cb_kq_step below, and the same operations in
+ * the same order in the SIMD kernels), super-blocks in order.  The integer
+ * parts are exact however a level computes them, so every level (scalar,
+ * AVX2, AVX-512) gives the same bits, and since nothing depends on the tile,
+ * the work split or the thread, a row's outputs are bit-identical alone or
+ * in any batch.  (This relies on no FMA contraction of the scalar steps:
+ * -std=c11 implies -ffp-contract=off with GCC; clang's default "on" only
+ * contracts within one expression, and the steps are separate statements.)
  *
- * Accumulation order per (activation row, output row) is the block order
- * above, identical at every SIMD level: the SIMD paths only compute the
- * exact integer sums faster, then do the same scalar float steps, so all
- * levels give bit-identical results (and batch invariance follows as for
- * the other kernels: nothing depends on the tiling).  This relies on no FMA
- * contraction of the scalar float steps (-std=c11 implies -ffp-contract=off
- * with GCC; clang's default "on" only contracts within one expression, and
- * the steps are written as separate statements).
+ * int32 bounds (|x| <= 127, so |bs32| <= 4064, |bs16| <= 2032):
+ *     Q4_K  |isum| <= 8 * 63 * 32*15*127 = 30.7e6; the AVX-512 kernel sums
+ *           16 * isum (odd sub-blocks read as the high nibble in place, the
+ *           even ones' scales times 16): <= 491.6e6 < 2^31;
+ *     Q5_K  |isum| <= 8 * 63 * 32*31*127 = 63.5e6;
+ *     Q6_K  |isum| <= 16 * 128 * 16*32*127 = 133.2e6, and the kernels that
+ *           read unsigned q (0..63) and add -32 * sum_i sc_i * bs16_i after:
+ *           partial sums <= 16*128*16*63*127 + 32*16*128*2032 = 395e6;
+ *     msum  <= 8 * 63 * 4064 = 2.05e6.
+ * isum above 2^24 rounds in the int -> float conversion (to nearest even,
+ * as cvtdq2ps does): relative 6e-8, the same at every level.
+ *
+ * Q2_K and Q3_K keep reading cb_block_q8 (32 values per float scale) with
+ * one float step per 32-value activation block (cb_kq_acc).
  *
  * Hook into kernels.c (the only places that know about these types):
  * type table entries via cb_kq_block_bytes / cb_kq_type_name, activation
- * quantization for cb_kq_is_kquant types, matmul through
- * cb_kq_matmul_rows, row dequantization through cb_kq_row_f32.
+ * formats through cb_type_act (kernels.c) and cb_kq_quantize_q8k, matmul
+ * through cb_kq_matmul_rows, row dequantization through cb_kq_row_f32.
  */
 #ifndef CB_KQUANTS_H
 #define CB_KQUANTS_H
@@ -131,42 +142,56 @@ static inline void cb_kq3_scales(const uint8_t *packed, int sc[16]) {
     for (int i = 0; i < 16; i++) sc[i] = (int)((u[i / 4] >> (8 * (i % 4))) & 0xFF) - 32;
 }
 
-/* The float steps of one activation block, shared by every SIMD level so all
- * levels round identically (see the top of this file). */
-static inline float cb_kq_acc_min(float acc, int isum_sc, float d, float dmin, int m, const cb_block_q8 *x) {
-    const float dd = d * x->d;
-    acc += (float)isum_sc * dd;
-    const float mm = dmin * (float)m;
-    acc -= mm * x->s;
-    return acc;
+/* The float step of one Q4_K / Q5_K super-block (top of this file). */
+static inline float cb_kq_step_min(float acc, int32_t isum, int32_t msum, float d, float dmin, float dx) {
+    const float a = d * (float)isum;
+    const float b = dmin * (float)msum;
+    const float t = a - b;
+    const float u = t * dx;
+    return acc + u;
 }
 
+/* The float step of one Q6_K super-block. */
+static inline float cb_kq_step(float acc, int32_t isum, float d, float dx) {
+    const float a = d * (float)isum;
+    const float u = a * dx;
+    return acc + u;
+}
+
+/* The float steps of one 32-value activation block (Q2_K, Q3_K), shared by
+ * every SIMD level so all levels round identically. */
 static inline float cb_kq_acc(float acc, int isum_sc, float d, const cb_block_q8 *x) {
     const float dd = d * x->d;
     acc += (float)isum_sc * dd;
     return acc;
 }
 
-/* The Q6_K panel kernels' integer offsets: for each of n activation blocks,
- * xc[2i] = -32 * sum(qs[0..16)) and xc[2i + 1] = -32 * sum(qs[16..32)), so a
- * 16-weight half read as unsigned q in 0..63 starts its exact sum there. */
-void cb_kq_q6_offsets(const cb_block_q8 *xq, int64_t n, int32_t *xc);
+/* Quantize n (multiple of 256) floats into n / 256 cb_block_q8k at SIMD
+ * level simd (every level gives the same bytes; scalar when the level is
+ * not compiled in). */
+void cb_kq_quantize_q8k(int simd, const float *x, cb_block_q8k *q, int64_t n);
+void cb_kq_quantize_q8k_scalar(const float *x, cb_block_q8k *q, int64_t n);
+int  cb_kq_quantize_q8k_avx2(const float *x, cb_block_q8k *q, int64_t n);
+int  cb_kq_quantize_q8k_avx512(const float *x, cb_block_q8k *q, int64_t n);
 
 /* Dequantize n (multiple of 256) weights of one row. */
 void cb_kq_row_f32(int type, const void *row, int64_t n, float *out);
 
 /* cb_kernels.matmul_rows for K-quant weights at SIMD level `simd`
- * (falls back to scalar when the level is not compiled in). */
-void cb_kq_matmul_rows(int simd, const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+ * (falls back to scalar when the level is not compiled in, and for Q4_K /
+ * Q5_K / Q6_K matrices without the panel layout).  xq: the activations as
+ * cb_block_q8 (Q2_K, Q3_K), xk: as cb_block_q8k (Q4_K, Q5_K, Q6_K); the
+ * other may be NULL. */
+void cb_kq_matmul_rows(int simd, const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                        float *y, int64_t ldy, int64_t o0, int64_t o1);
 
 /* Per-level implementations (kquants_<level>.c); the SIMD ones return 0 when
- * not compiled for x86 (then the caller uses scalar). */
-void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+ * they do not handle the call (then the caller uses scalar). */
+void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                               float *y, int64_t ldy, int64_t o0, int64_t o1);
-int  cb_kq_matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+int  cb_kq_matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                             float *y, int64_t ldy, int64_t o0, int64_t o1);
-int  cb_kq_matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+int  cb_kq_matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                               float *y, int64_t ldy, int64_t o0, int64_t o1);
 
 #endif

@@ -2,8 +2,8 @@
  * kquants_avx2.c — K-quant matmul with AVX2 (vpmaddubsw + vpmaddwd for the
  * integer block sums; unsigned weights <= 63 times int8 activations cannot
  * saturate the int16 pair sums: 2*63*127 < 32767).  Packed Q4_K / Q5_K /
- * Q6_K matrices run the panel kernels below; unpacked ones, Q2_K and Q3_K
- * the row kernels of kquants_simd.h.
+ * Q6_K matrices run the panel kernels below; Q2_K and Q3_K the row kernels
+ * of kquants_simd.h.
  */
 #include "kquants.h"
 #include "colibri.h"
@@ -24,58 +24,74 @@ KQ_ATTR static inline __m256i kq_mulsum_avx2(__m256i wu, __m256i xs) {
  *
  * Q4_K, Q5_K and Q6_K matrices packed at model load (the panel layout of
  * kquants.h, the one the AVX-512 kernels read) run here as two halves of 8
- * outputs: each 64-byte chunk row of a panel is two ymm of 8 outputs x 4
- * weights.  vpmaddubsw against 4 broadcast activation bytes gives each
- * output's pair sums in its lane (int16: for 4-bit quants the 8 chunks of a
- * block add up to at most 8 * 2 * 15 * 127 = 30480, for Q5_K / Q6_K two
- * chunks at a time, <= 2 * 2 * 63 * 127 = 32004), one vpmaddwd finishes the
- * int32 sums, and the scale arithmetic runs on 8 outputs at once: no
- * horizontal sums.  Per (activation row, output) the float steps are those
- * of the AVX-512 panel kernels, in block order, so the result does not
- * depend on the tile or the work split (batch invariance). */
+ * outputs against cb_block_q8k activations: each 64-byte chunk row of a
+ * panel is two ymm of 8 outputs x 4 weights.  vpmaddubsw against 4
+ * broadcast activation bytes gives each output's pair sums in its lane
+ * (int16: for Q4_K the 8 chunks of a sub-block add up to at most
+ * 8 * 2 * 15 * 127 = 30480, Q5_K 4 chunks 4 * 2 * 31 * 127 = 31496, Q6_K 2
+ * chunks 2 * 2 * 63 * 127 = 32004), and vpmaddwd against the sub-block's
+ * scale (both int16 halves of each lane) finishes sc * sum in int32: the
+ * scales cost nothing beyond the int32 widening.  Mins and Q6_K's -32
+ * offsets: vpmaddwd of int16 pairs against the activations' sums.  Then the
+ * float step of kquants.h per (row, output, super-block), so the results
+ * are the scalar path's bits whatever the tile or the work split. */
 
-#define KP2_ROWS 4  /* activation rows per tile: 8 weight vectors + 4 accumulators fit the 16 ymm */
+#define KP2_ROWS 4  /* activation rows per tile */
 
 typedef int32_t kq2_i32u __attribute__((may_alias, aligned(1)));
 
-KQ_ATTR static inline __m256i kp2_bcast(const kq2_i32u *x) { return _mm256_set1_epi32(*x); }
+#define KP2_INL static inline __attribute__((always_inline))
 
-/* d * sc_j and dmin * m_j of 8 outputs (half hv of a Q4_K / Q5_K panel super-block). */
-KQ_ATTR static inline __attribute__((always_inline)) void kp2_scales_q45(const uint8_t *p, int hv, __m256 *dsc, __m256 *dmm) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * hv)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * hv)));
-    __m128i S[12];
+KQ_ATTR KP2_INL __m256i kp2_bcast(const kq2_i32u *x) { return _mm256_set1_epi32(*x); }
+
+/* 8 bytes (one per output) as int32 lanes holding the value in both int16 halves. */
+KQ_ATTR KP2_INL __m256i kp2_dup16(__m256i v32) {
+    return _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16));
+}
+
+/* Int16 pairs (a_o, b_o) of two 8-byte rows in lane o (o < 8). */
+KQ_ATTR KP2_INL __m256i kp2_pairs_u8(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)); }
+KQ_ATTR KP2_INL __m256i kp2_pairs_i8(__m128i a, __m128i b) { return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b)); }
+
+/* The 8 outputs' accumulators: acc[r] += u (in memory: the ymm go to weights and sums). */
+KQ_ATTR KP2_INL void kp2_acc(float *acc, __m256 u) { _mm256_store_ps(acc, _mm256_add_ps(_mm256_load_ps(acc), u)); }
+
+/* Sub-block scales (kp2_dup16 form) and mins (int16 pairs m_2k, m_2k+1) of
+ * 8 outputs (half hv of a Q4_K / Q5_K panel super-block). */
+KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, int hv, __m256i *sc, __m256i *mp) {
+    __m128i S[12], mn[8];
 #pragma GCC unroll 12
     for (int k = 0; k < 12; k++) S[k] = _mm_loadl_epi64((const __m128i *)(p + 64 + 16 * k + 8 * hv));
     const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), top2 = _mm_set1_epi8(0x30);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-        __m128i sc, mn;
+        __m128i s8;
         if (j < 4) {
-            sc = _mm_and_si128(S[j], m6);
-            mn = _mm_and_si128(S[j + 4], m6);
+            s8 = _mm_and_si128(S[j], m6);
+            mn[j] = _mm_and_si128(S[j + 4], m6);
         } else {
-            sc = _mm_or_si128(_mm_and_si128(S[j + 4], m4), _mm_and_si128(_mm_srli_epi16(S[j - 4], 2), top2));
-            mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m4), _mm_and_si128(_mm_srli_epi16(S[j], 2), top2));
+            s8 = _mm_or_si128(_mm_and_si128(S[j + 4], m4), _mm_and_si128(_mm_srli_epi16(S[j - 4], 2), top2));
+            mn[j] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m4), _mm_and_si128(_mm_srli_epi16(S[j], 2), top2));
         }
-        dsc[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
-        dmm[j] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+        sc[j] = kp2_dup16(_mm256_cvtepu8_epi32(s8));
     }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) mp[k] = kp2_pairs_u8(mn[2 * k], mn[2 * k + 1]);
 }
 
 /* Half hv (8 outputs) of one Q4_K / Q5_K panel x R rows. */
-KQ_ATTR static inline __attribute__((always_inline)) void kp2_tile_q45(const int q5, const int R, const uint8_t *panel, int hv, int64_t nsb, int64_t nb,
-                                 const cb_block_q8 *xr, float *y, int64_t ldy, int no) {
+KQ_ATTR KP2_INL void kp2_tile_q45(const int q5, const int R, const uint8_t *panel, int hv, int64_t nsb,
+                                  const cb_block_q8k *xr, float *y, int64_t ldy, int no) {
     const size_t pb = q5 ? 16 * 176 : 16 * 144;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
-    __m256 acc[KP2_ROWS];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+    _Alignas(32) float acc[KP2_ROWS][8] = { { 0 } };
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *p = panel + (size_t)s * pb;
-        __m256 dsc[8], dmm[8];
-        kp2_scales_q45(p, hv, dsc, dmm);
+        __m256i sc[8], mp[4], isum[KP2_ROWS];
+        kp2_scales_q45(p, hv, sc, mp);
         const uint8_t *qs = p + (q5 ? 768 : 256) + 32 * hv;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const uint8_t *q = qs + 512 * (j >> 1);
             __m256i W[8];
@@ -89,56 +105,60 @@ KQ_ATTR static inline __attribute__((always_inline)) void kp2_tile_q45(const int
                     W[c] = _mm256_or_si256(W[c], _mm256_and_si256(hb, b4));
                 }
             }
+            const __m256i scj = sc[j];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                const cb_block_q8 *xb = xr + (int64_t)r * nb + s * 8 + j;
-                const kq2_i32u *x4 = (const kq2_i32u *)xb->qs;
-                __m256i is;
-                if (q5) {  /* 5-bit: two chunks per int16 sum */
-                    is = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                    for (int c = 0; c < 8; c += 2) {
-                        const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(W[c], kp2_bcast(x4 + c)),
-                                                              _mm256_maddubs_epi16(W[c + 1], kp2_bcast(x4 + c + 1)));
-                        is = _mm256_add_epi32(is, _mm256_madd_epi16(p16, ones));
+                const kq2_i32u *x4 = (const kq2_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
+                if (q5) {  /* 5-bit: four chunks per int16 sum */
+#pragma GCC unroll 2
+                    for (int c = 0; c < 8; c += 4) {
+                        __m256i p16 = _mm256_maddubs_epi16(W[c], kp2_bcast(x4 + c));
+#pragma GCC unroll 3
+                        for (int e = 1; e < 4; e++) p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(W[c + e], kp2_bcast(x4 + c + e)));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p16, scj));
                     }
                 } else {
                     __m256i p16 = _mm256_maddubs_epi16(W[0], kp2_bcast(x4));
 #pragma GCC unroll 7
                     for (int c = 1; c < 8; c++) p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(W[c], kp2_bcast(x4 + c)));
-                    is = _mm256_madd_epi16(p16, ones);
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p16, scj));
                 }
-                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(xb->d));
-                acc[r] = _mm256_fmadd_ps(t, dsc[j], acc[r]);
-                acc[r] = _mm256_fnmadd_ps(dmm[j], _mm256_set1_ps(xb->s), acc[r]);
             }
         }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * hv)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * hv)));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
+            const kq2_i32u *b2 = (const kq2_i32u *)xb->bs32;
+            __m256i ms = _mm256_madd_epi16(mp[0], kp2_bcast(b2));
+#pragma GCC unroll 3
+            for (int k = 1; k < 4; k++) ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], kp2_bcast(b2 + k)));
+            const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r]));
+            const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(ms));
+            kp2_acc(acc[r], _mm256_mul_ps(_mm256_sub_ps(a, b), _mm256_set1_ps(xb->d)));
+        }
     }
-    for (int r = 0; r < R; r++) {
-        _Alignas(32) float out[8];
-        _mm256_store_ps(out, acc[r]);
-        memcpy(y + (int64_t)r * ldy, out, (size_t)no * sizeof(float));
-    }
+    for (int r = 0; r < R; r++) memcpy(y + (int64_t)r * ldy, acc[r], (size_t)no * sizeof(float));
 }
 
-/* Half hv of one Q6_K panel x R rows; xc: -32 x each 16-activation half's sum. */
-KQ_ATTR static inline __attribute__((always_inline)) void kp2_tile_q6(const int R, const uint8_t *panel, int hv, int64_t nsb, int64_t nb,
-                                const cb_block_q8 *xr, const int32_t *xc, float *y, int64_t ldy, int no) {
+/* Half hv of one Q6_K panel x R rows; the -32 offsets at the end of each
+ * super-block as sum_i (-32 sc_i) * bs16_i. */
+KQ_ATTR KP2_INL void kp2_tile_q6(const int R, const uint8_t *panel, int hv, int64_t nsb,
+                                 const cb_block_q8k *xr, float *y, int64_t ldy, int no) {
     const size_t pb = 16 * 210;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), b45 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
-    __m256 acc[KP2_ROWS];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), b45 = _mm256_set1_epi8(0x30);
+    _Alignas(32) float acc[KP2_ROWS][8] = { { 0 } };
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *p = panel + (size_t)s * pb;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * hv)));
+        __m256i isum[KP2_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int b = 0; b < 8; b++) {
             const int h = b >> 2, k = b & 3;
             const uint8_t *ql = p + 288 + 1024 * h + 512 * (k & 1) + 32 * hv, *qh = p + 2336 + 512 * h + 32 * hv;
-            const __m256 sl = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                  _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv)))));
-            const __m256 sh = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                  _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv)))));
+            const __m256i sl = kp2_dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv))));
+            const __m256i sh = kp2_dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv))));
             __m256i W[8];
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
@@ -150,42 +170,50 @@ KQ_ATTR static inline __attribute__((always_inline)) void kp2_tile_q6(const int 
             }
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                const int64_t bi = (int64_t)r * nb + s * 8 + b;
-                const cb_block_q8 *xb = xr + bi;
-                const kq2_i32u *x4 = (const kq2_i32u *)xb->qs;
-                __m256i s0 = _mm256_set1_epi32(xc[2 * bi]), s1 = _mm256_set1_epi32(xc[2 * bi + 1]);
-#pragma GCC unroll 2
-                for (int c = 0; c < 4; c += 2) {
-                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_add_epi16(
-                             _mm256_maddubs_epi16(W[c], kp2_bcast(x4 + c)),
-                             _mm256_maddubs_epi16(W[c + 1], kp2_bcast(x4 + c + 1))), ones));
-                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_add_epi16(
-                             _mm256_maddubs_epi16(W[c + 4], kp2_bcast(x4 + c + 4)),
-                             _mm256_maddubs_epi16(W[c + 5], kp2_bcast(x4 + c + 5))), ones));
+                const kq2_i32u *x4 = (const kq2_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * b);
+                __m256i t = isum[r];
+#pragma GCC unroll 4
+                for (int c = 0; c < 8; c += 2) {
+                    const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(W[c], kp2_bcast(x4 + c)),
+                                                         _mm256_maddubs_epi16(W[c + 1], kp2_bcast(x4 + c + 1)));
+                    t = _mm256_add_epi32(t, _mm256_madd_epi16(p16, c < 4 ? sl : sh));
                 }
-                const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), sl, _mm256_mul_ps(_mm256_cvtepi32_ps(s1), sh));
-                acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(xb->d), acc[r]);
+                isum[r] = t;
             }
         }
+        __m256i op[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i pr = kp2_pairs_i8(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * k) + 8 * hv)),
+                                            _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * k + 1) + 8 * hv)));
+            op[k] = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(pr, 5));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * hv)));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
+            const kq2_i32u *b2 = (const kq2_i32u *)xb->bs16;
+            __m256i t = isum[r];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) t = _mm256_add_epi32(t, _mm256_madd_epi16(op[k], kp2_bcast(b2 + k)));
+            const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(t));
+            kp2_acc(acc[r], _mm256_mul_ps(a, _mm256_set1_ps(xb->d)));
+        }
     }
-    for (int r = 0; r < R; r++) {
-        _Alignas(32) float out[8];
-        _mm256_store_ps(out, acc[r]);
-        memcpy(y + (int64_t)r * ldy, out, (size_t)no * sizeof(float));
-    }
+    for (int r = 0; r < R; r++) memcpy(y + (int64_t)r * ldy, acc[r], (size_t)no * sizeof(float));
 }
 
-KQ_ATTR static inline __attribute__((always_inline)) void kp2_tile(const int type, const int R, const uint8_t *panel,
-        int hv, int64_t nsb, int64_t nb, const cb_block_q8 *xr, const int32_t *xc, float *y, int64_t ldy, int no) {
-    if (type == CB_TYPE_Q6_K) kp2_tile_q6(R, panel, hv, nsb, nb, xr, xc, y, ldy, no);
-    else kp2_tile_q45(type == CB_TYPE_Q5_K, R, panel, hv, nsb, nb, xr, y, ldy, no);
+KQ_ATTR KP2_INL void kp2_tile(const int type, const int R, const uint8_t *panel, int hv, int64_t nsb,
+                              const cb_block_q8k *xr, float *y, int64_t ldy, int no) {
+    if (type == CB_TYPE_Q6_K) kp2_tile_q6(R, panel, hv, nsb, xr, y, ldy, no);
+    else kp2_tile_q45(type == CB_TYPE_Q5_K, R, panel, hv, nsb, xr, y, ldy, no);
 }
 
 /* Panels over outputs [o0, o1) (o0 a multiple of CB_PANEL), each as two
  * halves of 8 outputs, rows in tiles of KP2_ROWS. */
-KQ_ATTR static inline __attribute__((always_inline)) void kp2_rows(const int type, const cb_weight *w, const cb_block_q8 *xq, const int32_t *xc,
-                             int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    const int64_t nsb = w->n_in / CB_QK_K, nb = w->n_in / CB_QK;
+KQ_ATTR KP2_INL void kp2_rows(const int type, const cb_weight *w, const cb_block_q8k *xk,
+                              int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t nsb = w->n_in / CB_QK_K;
     const size_t psz = (size_t)nsb * cb_pack_block_bytes(type);
     for (int64_t o = o0; o < o1; o += CB_PANEL) {
         const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
@@ -195,68 +223,85 @@ KQ_ATTR static inline __attribute__((always_inline)) void kp2_rows(const int typ
             const int no = (int)(o1 - oh < 8 ? o1 - oh : 8);
             for (int r = 0; r < n_rows; r += KP2_ROWS) {
                 const int R = n_rows - r < KP2_ROWS ? n_rows - r : KP2_ROWS;
-                const cb_block_q8 *xr = xq + (int64_t)r * nb;
+                const cb_block_q8k *xr = xk + (int64_t)r * nsb;
                 float *yr = y + r * ldy + oh;
-                const int32_t *xcr = xc ? xc + 2 * (int64_t)r * nb : NULL;
                 switch (R) {  /* a constant row count per call: the row loops unroll */
-                case 4: kp2_tile(type, 4, panel, hv, nsb, nb, xr, xcr, yr, ldy, no); break;
-                case 3: kp2_tile(type, 3, panel, hv, nsb, nb, xr, xcr, yr, ldy, no); break;
-                case 2: kp2_tile(type, 2, panel, hv, nsb, nb, xr, xcr, yr, ldy, no); break;
-                default: kp2_tile(type, 1, panel, hv, nsb, nb, xr, xcr, yr, ldy, no); break;
+                case 4: kp2_tile(type, 4, panel, hv, nsb, xr, yr, ldy, no); break;
+                case 3: kp2_tile(type, 3, panel, hv, nsb, xr, yr, ldy, no); break;
+                case 2: kp2_tile(type, 2, panel, hv, nsb, xr, yr, ldy, no); break;
+                default: kp2_tile(type, 1, panel, hv, nsb, xr, yr, ldy, no); break;
                 }
             }
         }
     }
 }
 
-KQ_ATTR static void kp2_matmul_q4_K(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+KQ_ATTR static void kp2_matmul_q4_K(const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y,
                                     int64_t ldy, int64_t o0, int64_t o1) {
-    kp2_rows(CB_TYPE_Q4_K, w, xq, NULL, n_rows, y, ldy, o0, o1);
+    kp2_rows(CB_TYPE_Q4_K, w, xk, n_rows, y, ldy, o0, o1);
 }
 
-KQ_ATTR static void kp2_matmul_q5_K(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+KQ_ATTR static void kp2_matmul_q5_K(const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y,
                                     int64_t ldy, int64_t o0, int64_t o1) {
-    kp2_rows(CB_TYPE_Q5_K, w, xq, NULL, n_rows, y, ldy, o0, o1);
+    kp2_rows(CB_TYPE_Q5_K, w, xk, n_rows, y, ldy, o0, o1);
 }
 
-#define KP2_XC_MAX (2 * CB_PACK_MAX_BLOCKS)
-
-KQ_ATTR static void kp2_matmul_q6_K(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+KQ_ATTR static void kp2_matmul_q6_K(const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y,
                                     int64_t ldy, int64_t o0, int64_t o1) {
-    const int64_t nb = w->n_in / CB_QK;
-    if (nb <= 0) return;
-    _Alignas(32) int32_t xc[KP2_XC_MAX];
-    int64_t g = KP2_XC_MAX / (2 * nb);
-    if (g >= KP2_ROWS) g -= g % KP2_ROWS;
-    for (int r0 = 0; r0 < n_rows; r0 += (int)g) {
-        const int r1 = r0 + g < n_rows ? r0 + (int)g : n_rows;
-        cb_kq_q6_offsets(xq + (int64_t)r0 * nb, (int64_t)(r1 - r0) * nb, xc);
-        kp2_rows(CB_TYPE_Q6_K, w, xq + (int64_t)r0 * nb, xc, r1 - r0, y + (int64_t)r0 * ldy, ldy, o0, o1);
+    kp2_rows(CB_TYPE_Q6_K, w, xk, n_rows, y, ldy, o0, o1);
+}
+
+/* cb_kq_quantize_q8k_scalar's bytes (see kquants_avx512.c). */
+KQ_ATTR static void kq2_quantize_q8k(const float *x, cb_block_q8k *q, int64_t n) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < n / CB_QK_K; b++) {
+        const float *xb = x + b * CB_QK_K;
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = 0; i < 32; i++) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), absm), mx);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float d = _mm_cvtss_f32(m4) / 127.0f;
+        const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        for (int g = 0; g < 8; g++) {  /* 32 values */
+            __m256i v[4];
+            for (int e = 0; e < 4; e++) {
+                v[e] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * e), id));
+                v[e] = _mm256_min_epi32(_mm256_max_epi32(v[e], nlim), lim);
+            }
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(q[b].qs + 32 * g), _mm256_permutevar8x32_epi32(p, perm));
+            q[b].bs16[2 * g] = (int16_t)hsum8_avx2(_mm256_add_epi32(v[0], v[1]));
+            q[b].bs16[2 * g + 1] = (int16_t)hsum8_avx2(_mm256_add_epi32(v[2], v[3]));
+            q[b].bs32[g] = (int16_t)(q[b].bs16[2 * g] + q[b].bs16[2 * g + 1]);
+        }
+        q[b].d = d;
     }
 }
 
-int cb_kq_matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+int cb_kq_quantize_q8k_avx2(const float *x, cb_block_q8k *q, int64_t n) {
+    kq2_quantize_q8k(x, q, n);
+    return 1;
+}
+
+int cb_kq_matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                            float *y, int64_t ldy, int64_t o0, int64_t o1) {
     switch (w->type) {
     case CB_TYPE_Q2_K: matmul_q23_K_avx2(0, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q3_K: matmul_q23_K_avx2(1, w, xq, n_rows, y, ldy, o0, o1); return 1;
-    case CB_TYPE_Q4_K:
-    case CB_TYPE_Q5_K:
-        if (w->packed && w->type == CB_TYPE_Q4_K) kp2_matmul_q4_K(w, xq, n_rows, y, ldy, o0, o1);
-        else if (w->packed) kp2_matmul_q5_K(w, xq, n_rows, y, ldy, o0, o1);
-        else matmul_q45_K_avx2(w->type == CB_TYPE_Q5_K, w, xq, n_rows, y, ldy, o0, o1);
-        return 1;
-    case CB_TYPE_Q6_K:
-        if (w->packed) kp2_matmul_q6_K(w, xq, n_rows, y, ldy, o0, o1);
-        else matmul_q6_K_avx2(w, xq, n_rows, y, ldy, o0, o1);
-        return 1;
+    case CB_TYPE_Q4_K: if (!w->packed) return 0; kp2_matmul_q4_K(w, xk, n_rows, y, ldy, o0, o1); return 1;
+    case CB_TYPE_Q5_K: if (!w->packed) return 0; kp2_matmul_q5_K(w, xk, n_rows, y, ldy, o0, o1); return 1;
+    case CB_TYPE_Q6_K: if (!w->packed) return 0; kp2_matmul_q6_K(w, xk, n_rows, y, ldy, o0, o1); return 1;
     default: return 0;
     }
 }
 
 #else  /* not x86 */
 
-int cb_kq_matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+int cb_kq_matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                            float *y, int64_t ldy, int64_t o0, int64_t o1) { return 0; }
+int cb_kq_quantize_q8k_avx2(const float *x, cb_block_q8k *q, int64_t n) { return 0; }
 
 #endif

@@ -6,6 +6,7 @@
 #include "kquants.h"
 #include "colibri.h"
 
+#include <math.h>
 #include <string.h>
 
 static inline uint16_t rd16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
@@ -68,13 +69,45 @@ void cb_kq_pack_block(int type, const uint8_t *blk, int j, uint8_t *pk) {
     }
 }
 
-void cb_kq_q6_offsets(const cb_block_q8 *xq, int64_t n, int32_t *xc) {
-    for (int64_t i = 0; i < n; i++) {
-        int32_t lo = 0, hi = 0;
-        for (int j = 0; j < 16; j++) { lo += xq[i].qs[j]; hi += xq[i].qs[j + 16]; }
-        xc[2 * i] = -32 * lo;
-        xc[2 * i + 1] = -32 * hi;
+/* ------------------------------------------------------------ activations */
+
+/* Round to nearest, ties to even, for |v| < 2^22 (as kernels_scalar.c's
+ * round_q8 and the SIMD paths' cvtps2dq); the clamp also maps NaN to a
+ * finite value. */
+static inline int round_q8(float v) {
+    if (!(v > -127.0f)) v = -127.0f;
+    if (!(v < 127.0f)) v = 127.0f;
+    const float t = v + 12582912.0f;  /* IEEE semantics: not folded without -ffast-math */
+    return (int)(t - 12582912.0f);
+}
+
+/* d = max|x| / 127 over 256 values (a zero block stays all zeros, d = 0),
+ * q = round(x / d) through the reciprocal, as cb_block_q8 over 32. */
+void cb_kq_quantize_q8k_scalar(const float *x, cb_block_q8k *q, int64_t n) {
+    for (int64_t b = 0; b < n / CB_QK_K; b++) {
+        const float *xb = x + b * CB_QK_K;
+        float amax = 0.0f;
+        for (int i = 0; i < CB_QK_K; i++) {
+            const float a = fabsf(xb[i]);
+            if (a > amax) amax = a;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < CB_QK_K; i++) q[b].qs[i] = (int8_t)round_q8(xb[i] * id);
+        for (int i = 0; i < 16; i++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += q[b].qs[16 * i + l];
+            q[b].bs16[i] = (int16_t)s;
+        }
+        for (int j = 0; j < 8; j++) q[b].bs32[j] = (int16_t)(q[b].bs16[2 * j] + q[b].bs16[2 * j + 1]);
+        q[b].d = d;
     }
+}
+
+void cb_kq_quantize_q8k(int simd, const float *x, cb_block_q8k *q, int64_t n) {
+    if (simd == CB_SIMD_AVX512 && cb_kq_quantize_q8k_avx512(x, q, n)) return;
+    if (simd >= CB_SIMD_AVX2 && cb_kq_quantize_q8k_avx2(x, q, n)) return;
+    cb_kq_quantize_q8k_scalar(x, q, n);
 }
 
 /* ------------------------------------------------------------ dequantize */
@@ -145,64 +178,56 @@ void cb_kq_row_f32(int type, const void *row, int64_t n, float *out) {
 
 /* ---------------------------------------------------------------- dots */
 
-static float dot_q4_K(const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
+/* Q4_K (q5 = 0) and Q5_K (q5 = 1): the integer sums of a super-block, then
+ * its float step (kquants.h). */
+static float dot_q45_K(const int q5, const uint8_t *w, const cb_block_q8k *x, int64_t nsb) {
+    const size_t bsz = q5 ? sizeof(cb_block_q5_K) : sizeof(cb_block_q4_K);
     float acc = 0.0f;
     for (int64_t s = 0; s < nsb; s++) {
-        const cb_block_q4_K *blk = (const cb_block_q4_K *)(w + (size_t)s * sizeof(cb_block_q4_K));
-        const float d = cb_f16_to_f32(rd16(&blk->d)), dmin = cb_f16_to_f32(rd16(&blk->dmin));
+        const uint8_t *blk = w + (size_t)s * bsz;
+        const float d = cb_f16_to_f32(rd16(blk)), dmin = cb_f16_to_f32(rd16(blk + 2));
+        const uint8_t *scales = blk + 4, *qh = blk + 16, *qs = q5 ? blk + 48 : blk + 16;
+        const cb_block_q8k *xb = x + s;
+        int32_t isum = 0, msum = 0;
         for (int j = 0; j < 8; j++) {
-            const cb_block_q8 *xb = x + s * 8 + j;
-            const uint8_t *q = blk->qs + 32 * (j / 2);
+            const uint8_t *q = qs + 32 * (j / 2);
             const int shift = 4 * (j & 1);
-            int isum = 0;
-            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0xF) * xb->qs[l];
+            int32_t t = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0xF;
+                if (q5) v |= ((qh[l] >> j) & 1) << 4;
+                t += v * xb->qs[32 * j + l];
+            }
             int sc, m;
-            cb_kq_scale_min(blk->scales, j, &sc, &m);
-            acc = cb_kq_acc_min(acc, isum * sc, d, dmin, m, xb);
+            cb_kq_scale_min(scales, j, &sc, &m);
+            isum += sc * t;
+            msum += m * xb->bs32[j];
         }
+        acc = cb_kq_step_min(acc, isum, msum, d, dmin, xb->d);
     }
     return acc;
 }
 
-static float dot_q5_K(const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
-    float acc = 0.0f;
-    for (int64_t s = 0; s < nsb; s++) {
-        const cb_block_q5_K *blk = (const cb_block_q5_K *)(w + (size_t)s * sizeof(cb_block_q5_K));
-        const float d = cb_f16_to_f32(rd16(&blk->d)), dmin = cb_f16_to_f32(rd16(&blk->dmin));
-        for (int j = 0; j < 8; j++) {
-            const cb_block_q8 *xb = x + s * 8 + j;
-            const uint8_t *q = blk->qs + 32 * (j / 2);
-            const int shift = 4 * (j & 1);
-            int isum = 0;
-            for (int l = 0; l < 32; l++)
-                isum += (((q[l] >> shift) & 0xF) | (((blk->qh[l] >> j) & 1) << 4)) * xb->qs[l];
-            int sc, m;
-            cb_kq_scale_min(blk->scales, j, &sc, &m);
-            acc = cb_kq_acc_min(acc, isum * sc, d, dmin, m, xb);
-        }
-    }
-    return acc;
-}
-
-static float dot_q6_K(const uint8_t *w, const cb_block_q8 *x, int64_t nsb) {
+static float dot_q6_K(const uint8_t *w, const cb_block_q8k *x, int64_t nsb) {
     float acc = 0.0f;
     for (int64_t s = 0; s < nsb; s++) {
         const cb_block_q6_K *blk = (const cb_block_q6_K *)(w + (size_t)s * sizeof(cb_block_q6_K));
         const float d = cb_f16_to_f32(rd16(&blk->d));
+        const cb_block_q8k *xb = x + s;
+        int32_t isum = 0;
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = blk->ql + 64 * h, *qh = blk->qh + 32 * h;
-            const int8_t *sc = blk->scales + 8 * h;
             for (int k = 0; k < 4; k++) {
-                const cb_block_q8 *xb = x + s * 8 + h * 4 + k;
-                int isum[2] = { 0, 0 };
+                int32_t t[2] = { 0, 0 };
                 for (int l = 0; l < 32; l++) {
                     const int lo = k & 1 ? ql[l + 32] : ql[l];
                     const int v = ((k & 2 ? lo >> 4 : lo & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
-                    isum[l / 16] += v * xb->qs[l];
+                    t[l / 16] += v * xb->qs[128 * h + 32 * k + l];
                 }
-                acc = cb_kq_acc(acc, sc[2 * k] * isum[0] + sc[2 * k + 1] * isum[1], d, xb);
+                isum += blk->scales[8 * h + 2 * k] * t[0] + blk->scales[8 * h + 2 * k + 1] * t[1];
             }
         }
+        acc = cb_kq_step(acc, isum, d, xb->d);
     }
     return acc;
 }
@@ -242,7 +267,7 @@ static float dot_q23_K(const int q3, const uint8_t *w, const cb_block_q8 *x, int
     return acc;
 }
 
-void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                               float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nsb = w->n_in / CB_QK_K, nb = w->n_in / CB_QK;
     for (int64_t o = o0; o < o1; o++) {
@@ -252,9 +277,9 @@ void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, int n_r
             switch (w->type) {
             case CB_TYPE_Q2_K: v = dot_q23_K(0, wr, xq + r * nb, nsb); break;
             case CB_TYPE_Q3_K: v = dot_q23_K(1, wr, xq + r * nb, nsb); break;
-            case CB_TYPE_Q4_K: v = dot_q4_K(wr, xq + r * nb, nsb); break;
-            case CB_TYPE_Q5_K: v = dot_q5_K(wr, xq + r * nb, nsb); break;
-            case CB_TYPE_Q6_K: v = dot_q6_K(wr, xq + r * nb, nsb); break;
+            case CB_TYPE_Q4_K: v = dot_q45_K(0, wr, xk + r * nsb, nsb); break;
+            case CB_TYPE_Q5_K: v = dot_q45_K(1, wr, xk + r * nsb, nsb); break;
+            case CB_TYPE_Q6_K: v = dot_q6_K(wr, xk + r * nsb, nsb); break;
             default: v = 0.0f; break;
             }
             y[r * ldy + o] = v;
@@ -262,9 +287,9 @@ void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, int n_r
     }
 }
 
-void cb_kq_matmul_rows(int simd, const cb_weight *w, const cb_block_q8 *xq, int n_rows,
+void cb_kq_matmul_rows(int simd, const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                        float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    if (simd == CB_SIMD_AVX512 && cb_kq_matmul_rows_avx512(w, xq, n_rows, y, ldy, o0, o1)) return;
-    if (simd >= CB_SIMD_AVX2 && cb_kq_matmul_rows_avx2(w, xq, n_rows, y, ldy, o0, o1)) return;
-    cb_kq_matmul_rows_scalar(w, xq, n_rows, y, ldy, o0, o1);
+    if (simd == CB_SIMD_AVX512 && cb_kq_matmul_rows_avx512(w, xq, xk, n_rows, y, ldy, o0, o1)) return;
+    if (simd >= CB_SIMD_AVX2 && cb_kq_matmul_rows_avx2(w, xq, xk, n_rows, y, ldy, o0, o1)) return;
+    cb_kq_matmul_rows_scalar(w, xq, xk, n_rows, y, ldy, o0, o1);
 }

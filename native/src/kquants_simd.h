@@ -3,12 +3,15 @@
  * kquants_avx512.c (included once by each with its own KQ_ATTR target
  * attribute, KQ_MULSUM and function-name suffix).  Not a public header.
  *
- * One weight row's block is unpacked to 32 bytes per 32-weight block once
- * and reused for a tile of up to 4 activation rows.  Per (row, output) the
- * integer block sum is exact (KQ_MULSUM: unsigned weight bytes x signed
- * activation bytes -> 8 int32 partial sums, reduced in integers), then the
- * same scalar float steps as the scalar path, block by block — so results
- * are bit-identical to kquants_scalar.c whatever the tiling.
+ * The row kernels of Q2_K and Q3_K (Q4_K / Q5_K / Q6_K run panel kernels;
+ * their matrices without the panel layout, rows past CB_PACK_MAX_BLOCKS
+ * blocks, go to the scalar path).  One weight row's block is unpacked to
+ * 32 bytes per 32-weight block once and reused for a tile of up to 4
+ * activation rows.  Per (row, output) the integer block sum is exact
+ * (KQ_MULSUM: unsigned weight bytes x signed activation bytes -> 8 int32
+ * partial sums, reduced in integers), then the same scalar float steps as
+ * the scalar path, block by block — so results are bit-identical to
+ * kquants_scalar.c whatever the tiling.
  *
  * Needs before inclusion: KQ_ATTR, KQ_MULSUM(w_u8, x_s8) -> __m256i of 8 int32,
  * KQ_FN(name) (suffixing the level).
@@ -27,93 +30,6 @@ KQ_ATTR static inline int KQ_FN(hsum4)(__m128i s) {
 
 KQ_ATTR static inline int KQ_FN(hsum8)(__m256i v) {
     return KQ_FN(hsum4)(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
-}
-
-/* Q4_K (q5 = 0) and Q5_K (q5 = 1). */
-KQ_ATTR static void KQ_FN(matmul_q45_K)(const int q5, const cb_weight *w, const cb_block_q8 *xq, int n_rows,
-                                        float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    const int64_t nsb = w->n_in / CB_QK_K, nb = w->n_in / CB_QK;
-    const size_t bsz = q5 ? sizeof(cb_block_q5_K) : sizeof(cb_block_q4_K);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    for (int64_t o = o0; o < o1; o++) {
-        const uint8_t *wr = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
-        for (int r0 = 0; r0 < n_rows; r0 += KQ_TILE) {
-            const int R = n_rows - r0 < KQ_TILE ? n_rows - r0 : KQ_TILE;
-            float acc[KQ_TILE] = { 0.0f, 0.0f, 0.0f, 0.0f };
-            for (int64_t s = 0; s < nsb; s++) {
-                const uint8_t *blk = wr + (size_t)s * bsz;
-                uint16_t dh, mh;
-                memcpy(&dh, blk, 2);
-                memcpy(&mh, blk + 2, 2);
-                const float d = cb_f16_to_f32(dh), dmin = cb_f16_to_f32(mh);
-                const uint8_t *scales = blk + 4;
-                const uint8_t *qs = q5 ? blk + 48 : blk + 16;
-                const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-                int sc[8], mn[8];
-                for (int j = 0; j < 8; j++) cb_kq_scale_min(scales, j, &sc[j], &mn[j]);
-                for (int g = 0; g < 4; g++) {
-                    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
-                    __m256i wl = _mm256_and_si256(q, m4);
-                    __m256i wh = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                    if (q5) {
-                        /* bit j of each qh byte -> +16 (16-bit shifts, then a per-byte mask) */
-                        wl = _mm256_or_si256(wl, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
-                        wh = _mm256_or_si256(wh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
-                    }
-                    for (int r = 0; r < R; r++) {
-                        const cb_block_q8 *xb = xq + (int64_t)(r0 + r) * nb + s * 8 + 2 * g;
-                        const int i0 = KQ_FN(hsum8)(KQ_MULSUM(wl, _mm256_loadu_si256((const __m256i *)xb[0].qs)));
-                        acc[r] = cb_kq_acc_min(acc[r], i0 * sc[2 * g], d, dmin, mn[2 * g], &xb[0]);
-                        const int i1 = KQ_FN(hsum8)(KQ_MULSUM(wh, _mm256_loadu_si256((const __m256i *)xb[1].qs)));
-                        acc[r] = cb_kq_acc_min(acc[r], i1 * sc[2 * g + 1], d, dmin, mn[2 * g + 1], &xb[1]);
-                    }
-                }
-            }
-            for (int r = 0; r < R; r++) y[(int64_t)(r0 + r) * ldy + o] = acc[r];
-        }
-    }
-}
-
-/* Q6_K: signed weights q - 32 through the sign trick |w| x sign(x, w). */
-KQ_ATTR static void KQ_FN(matmul_q6_K)(const cb_weight *w, const cb_block_q8 *xq, int n_rows,
-                                       float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    const int64_t nsb = w->n_in / CB_QK_K, nb = w->n_in / CB_QK;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
-    for (int64_t o = o0; o < o1; o++) {
-        const uint8_t *wr = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
-        for (int r0 = 0; r0 < n_rows; r0 += KQ_TILE) {
-            const int R = n_rows - r0 < KQ_TILE ? n_rows - r0 : KQ_TILE;
-            float acc[KQ_TILE] = { 0.0f, 0.0f, 0.0f, 0.0f };
-            for (int64_t s = 0; s < nsb; s++) {
-                const cb_block_q6_K *blk = (const cb_block_q6_K *)(wr + (size_t)s * sizeof(cb_block_q6_K));
-                uint16_t dh;
-                memcpy(&dh, &blk->d, 2);
-                const float d = cb_f16_to_f32(dh);
-                for (int h = 0; h < 2; h++) {
-                    const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h));
-                    const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h + 32));
-                    const __m256i qhv = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h));
-                    const int8_t *sc = blk->scales + 8 * h;
-                    for (int k = 0; k < 4; k++) {
-                        const __m256i lo4 = k & 1 ? ql1 : ql0;
-                        const __m256i nib = k & 2 ? _mm256_and_si256(_mm256_srli_epi16(lo4, 4), m4) : _mm256_and_si256(lo4, m4);
-                        const __m256i hi2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, 2 * k), m2), 4);
-                        const __m256i wq = _mm256_sub_epi8(_mm256_or_si256(nib, hi2), off);  /* -32..31 */
-                        const __m256i aw = _mm256_abs_epi8(wq);
-                        for (int r = 0; r < R; r++) {
-                            const cb_block_q8 *xb = xq + (int64_t)(r0 + r) * nb + s * 8 + h * 4 + k;
-                            const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb->qs), wq);
-                            const __m256i p = KQ_MULSUM(aw, sx);  /* lanes 0-3: elements 0-15 */
-                            const int lo = KQ_FN(hsum4)(_mm256_castsi256_si128(p));
-                            const int hi = KQ_FN(hsum4)(_mm256_extracti128_si256(p, 1));
-                            acc[r] = cb_kq_acc(acc[r], sc[2 * k] * lo + sc[2 * k + 1] * hi, d, xb);
-                        }
-                    }
-                }
-            }
-            for (int r = 0; r < R; r++) y[(int64_t)(r0 + r) * ldy + o] = acc[r];
-        }
-    }
 }
 
 /* Q2_K (q3 = 0) and Q3_K (q3 = 1): weights as unsigned bytes (Q2_K: q in

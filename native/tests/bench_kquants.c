@@ -20,6 +20,8 @@
  * (row kernels), CB_BENCH_PREQ=1 quantizes the activations once outside the
  * timing and calls the kernel directly (the kernel without cb_matmul's
  * quantization).  GOP/s counts a multiply and an add per weight and row.
+ * At AVX-512 each run is followed by a vpdpbusd peak loop (peak_gops):
+ * kernel/peak is the number to compare across builds and windows.
  */
 #include "colibri.h"
 #include "kernels.h"
@@ -53,6 +55,37 @@ __attribute__((target("avx512f"))) static float read_loop(const uint8_t *p, size
     }
     return (float)_mm512_reduce_add_epi32(acc);
 }
+#endif
+
+/* The machine's int8 compute peak right now: 8 independent vpdpbusd zmm
+ * chains with register operands (1 vpdpbusd = 64 multiply-adds = 128 OP);
+ * returns GOP/s of this thread's CPU time.  Timed beside each kernel run,
+ * kernel / peak is the fraction of the peak the kernel reaches, which stays
+ * comparable when co-tenants or the clock move both (the absolute GOP/s do
+ * not, on a shared machine). */
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512vnni"))) static double peak_gops(long iters) {
+    __m512i a0 = _mm512_set1_epi32(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const __m512i w = _mm512_set1_epi32(0x01010101), x = _mm512_set1_epi32(0x01FF01FF);
+    double c0 = clk(CLOCK_THREAD_CPUTIME_ID);
+    for (long i = 0; i < iters; i++) {
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a0) : "v"(w), "v"(x));
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a1) : "v"(w), "v"(x));
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a2) : "v"(w), "v"(x));
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a3) : "v"(w), "v"(x));
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a4) : "v"(w), "v"(x));
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a5) : "v"(w), "v"(x));
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a6) : "v"(w), "v"(x));
+        __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a7) : "v"(w), "v"(x));
+    }
+    double c1 = clk(CLOCK_THREAD_CPUTIME_ID);
+    volatile int keep = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(
+                            _mm512_add_epi32(a2, a3), _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)))));
+    (void)keep;
+    return (double)iters * 8 * 128 / 1e9 / (c1 - c0);
+}
+#else
+static double peak_gops(long iters) { (void)iters; return 0.0; }
 #endif
 
 int main(int argc, char **argv) {
@@ -93,13 +126,15 @@ int main(int argc, char **argv) {
             if (cb_pack_wanted(simd, type) && !getenv("CB_BENCH_UNPACKED")) cb_pack_alloc(&w[i]);
         }
         uint8_t *reads = w[0].packed ? NULL : cb_big_alloc(mbytes * (size_t)n_mat);
-        cb_block_q8 *xq = scratch;
-        if (preq) cb_quantize_rows(k, x, xq, n_in, 0, rows);
+        const int fmt = cb_type_act(type);
+        const cb_block_q8 *xq = scratch;
+        const cb_block_q8k *xk = (const cb_block_q8k *)((const char *)scratch + cb_act_q8k_offset(n_in, rows, fmt));
+        if (preq) cb_quantize_rows(k, x, scratch, n_in, rows, 0, rows, fmt);
         for (int rep = 0; rep < nrep; rep++) {
             double c0 = clk(CLOCK_THREAD_CPUTIME_ID), t0 = clk(CLOCK_MONOTONIC);
             if (preq)  /* the kernel alone: activations quantized once, outside the timing */
                 for (int i = 0; i < n_mat; i++) {
-                    if (cb_kq_is_kquant(type)) cb_kq_matmul_rows(simd, &w[i], xq, rows, y, n_out, 0, n_out);
+                    if (cb_kq_is_kquant(type)) cb_kq_matmul_rows(simd, &w[i], xq, xk, rows, y, n_out, 0, n_out);
                     else k->matmul_rows(&w[i], xq, x, rows, y, n_out, 0, n_out);
                 }
             else
@@ -114,9 +149,10 @@ int main(int argc, char **argv) {
             double c2 = clk(CLOCK_THREAD_CPUTIME_ID), t2 = clk(CLOCK_MONOTONIC);
             const double gb = (double)mbytes * n_mat / 1e9;
             const double gop = 2.0 * (double)n_out * (double)n_in * rows * n_mat / 1e9;  /* multiply + add */
-            printf("%-5s kernel %6.1f GB/s cpu %6.1f GB/s wall %7.1f GOP/s cpu | read loop %6.1f cpu %6.1f wall | kernel/read %.2f (cpu)%s\n",
+            const double pk = simd == CB_SIMD_AVX512 ? peak_gops(20000000) : 0.0;
+            printf("%-5s kernel %6.1f GB/s cpu %6.1f GB/s wall %7.1f GOP/s cpu | read loop %6.1f cpu %6.1f wall | kernel/read %.2f (cpu) | peak %5.0f GOP/s, kernel/peak %.3f%s\n",
                    cb_type_name(type), gb / (c1 - c0), gb / (t1 - t0), gop / (c1 - c0), gb / (c2 - c1), gb / (t2 - t1),
-                   (c2 - c1) / (c1 - c0), sink == 12345.0f ? " " : "");
+                   (c2 - c1) / (c1 - c0), pk, pk > 0 ? gop / (c1 - c0) / pk : 0.0, sink == 12345.0f ? " " : "");
             volatile float keep = sink; (void)keep;
         }
         for (int i = 0; i < n_mat; i++) free((void *)w[i].packed);

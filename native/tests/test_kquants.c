@@ -4,10 +4,11 @@
  *  - decoding: blocks packed here from known (scale, min, quant) values by
  *    the packing rules written out independently of kquants_scalar.c decode
  *    to exactly d*sc*q - dmin*m (Q4_K, Q5_K) and d*sc*(q-32) (Q6_K);
+ *  - Q8K activations: every level's bytes equal the scalar path's;
  *  - matmul: every level against a double-precision dot of the decoded
  *    weights with the decoded int8 activations (the only rounding left is
  *    float accumulation), levels bit-identical to each other, rows
- *    bit-identical alone and in a batch.
+ *    bit-identical alone and in a batch, and blocks at the int32 bounds.
  */
 #include "testutil.h"
 
@@ -91,27 +92,68 @@ static void random_row(int type, uint8_t *p, int n_in) {
     }
 }
 
+/* Q8K activations: every level writes the scalar path's bytes, for values
+ * that round half-way, a zero block, huge and tiny values; the sums match
+ * the quants and the quants the scale. */
+static void test_quantize_q8k(void) {
+    enum { N = 4 * 256 };
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = rndf() * 3.0f;
+    for (int i = 256; i < 512; i++) x[i] = 0.0f;                    /* zero block */
+    for (int i = 512; i < 768; i++) x[i] = (float)((int)(rnd() % 255) - 127) * 0.5f;  /* many .5 ties */
+    x[512] = 63.5f;
+    for (int i = 768; i < N; i++) x[i] = rndf() * 1e-30f;
+    cb_block_q8k ref[N / 256], got[N / 256];
+    cb_kq_quantize_q8k_scalar(x, ref, N);
+    for (int b = 0; b < N / 256; b++) {
+        int bad = 0;
+        for (int i = 0; i < 16; i++) {
+            int s16 = 0;
+            for (int l = 0; l < 16; l++) s16 += ref[b].qs[16 * i + l];
+            bad += s16 != ref[b].bs16[i];
+        }
+        for (int j = 0; j < 8; j++) bad += ref[b].bs32[j] != ref[b].bs16[2 * j] + ref[b].bs16[2 * j + 1];
+        float amax = 0.0f;
+        for (int i = 0; i < 256; i++) amax = fabsf(x[256 * b + i]) > amax ? fabsf(x[256 * b + i]) : amax;
+        bad += ref[b].d != amax / 127.0f;
+        for (int i = 0; i < 256; i++)  /* within half a step of the value */
+            bad += fabs((double)ref[b].d * ref[b].qs[i] - x[256 * b + i]) > 0.5 * ref[b].d * (1 + 1e-6);
+        CHECK_MSG(bad == 0, "q8k block %d: %d bad fields", b, bad);
+    }
+    CHECK(ref[1].d == 0.0f && ref[1].bs32[0] == 0);
+    for (int lvl = 1; lvl <= 2; lvl++) {
+        if (cb_simd_detect() < lvl) continue;
+        memset(got, 0x5A, sizeof got);
+        cb_kq_quantize_q8k(lvl, x, got, N);
+        CHECK_MSG(memcmp(got, ref, sizeof ref) == 0, "q8k level %d differs from scalar", lvl);
+    }
+}
+
 static void test_matmul(int type) {
-    enum { N_OUT = 19, N_IN = 768, N_ROWS = 6 };
+    enum { N_OUT = 19, N_IN = 768, N_ROWS = 11 };
     const size_t rb = cb_kq_block_bytes(type) * (N_IN / 256);
     uint8_t *w = malloc(rb * N_OUT);
     float *x = malloc(sizeof(float) * N_ROWS * N_IN), *wf = malloc(sizeof(float) * N_IN);
-    cb_block_q8 *xq = malloc(sizeof(cb_block_q8) * N_ROWS * (N_IN / 32));
+    cb_block_q8k *xk = malloc(sizeof(cb_block_q8k) * N_ROWS * (N_IN / 256));
     float y[3][N_ROWS * N_OUT], y1[N_OUT];
     for (int o = 0; o < N_OUT; o++) random_row(type, w + (size_t)o * rb, N_IN);
     for (int i = 0; i < N_ROWS * N_IN; i++) x[i] = rndf();
-    const cb_kernels *ks = cb_kernels_get(CB_SIMD_SCALAR);
-    for (int r = 0; r < N_ROWS; r++) ks->quantize_q8(x + r * N_IN, xq + r * (N_IN / 32), N_IN);
-    cb_weight wt = { type, N_IN, N_OUT, w, rb, NULL };
+    for (int r = 0; r < N_ROWS; r++) cb_kq_quantize_q8k_scalar(x + r * N_IN, xk + r * (N_IN / 256), N_IN);
     for (int lvl = 0; lvl <= 2; lvl++) {
         if (lvl > 0 && cb_simd_detect() < lvl) { memcpy(y[lvl], y[0], sizeof y[0]); continue; }
-        cb_kq_matmul_rows(lvl, &wt, xq, N_ROWS, y[lvl], N_OUT, 0, N_OUT);
-        CHECK(memcmp(y[lvl], y[0], sizeof y[0]) == 0);  /* levels bit-identical */
-        /* one row alone, and a sub-range of outputs, give the same bits */
-        cb_kq_matmul_rows(lvl, &wt, xq + 3 * (N_IN / 32), 1, y1, N_OUT, 0, N_OUT);
-        CHECK(memcmp(y1, y[lvl] + 3 * N_OUT, sizeof y1) == 0);
-        cb_kq_matmul_rows(lvl, &wt, xq, N_ROWS, y1, 0, 5, 6);  /* ldy 0: all rows write y1[5] */
-        CHECK(y1[5] == y[lvl][(N_ROWS - 1) * N_OUT + 5]);
+        cb_weight wt = { type, N_IN, N_OUT, w, rb, NULL };
+        void *pk = cb_pack_wanted(lvl, type) ? cb_pack_alloc(&wt) : NULL;
+        CHECK(lvl == 0 || pk != NULL);  /* the SIMD levels read panels */
+        cb_kq_matmul_rows(lvl, &wt, NULL, xk, N_ROWS, y[lvl], N_OUT, 0, N_OUT);
+        CHECK_MSG(memcmp(y[lvl], y[0], sizeof y[0]) == 0, "type %d level %d differs from scalar", type, lvl);
+        /* one row alone, and a sub-range of outputs (a panel's tail), give the same bits */
+        for (int r = 0; r < N_ROWS; r++) {
+            cb_kq_matmul_rows(lvl, &wt, NULL, xk + r * (N_IN / 256), 1, y1, N_OUT, 0, N_OUT);
+            CHECK(memcmp(y1, y[lvl] + r * N_OUT, sizeof y1) == 0);
+        }
+        cb_kq_matmul_rows(lvl, &wt, NULL, xk, N_ROWS, y1, 0, 16, 19);  /* ldy 0: all rows write y1[16..19) */
+        CHECK(memcmp(y1 + 16, y[lvl] + (N_ROWS - 1) * N_OUT + 16, 3 * sizeof(float)) == 0);
+        free(pk);
     }
     double worst = 0;
     for (int o = 0; o < N_OUT; o++) {
@@ -119,8 +161,8 @@ static void test_matmul(int type) {
         for (int r = 0; r < N_ROWS; r++) {
             double ref = 0, mag = 0;
             for (int i = 0; i < N_IN; i++) {
-                const cb_block_q8 *b = &xq[r * (N_IN / 32) + i / 32];
-                const double xv = (double)b->d * b->qs[i % 32];
+                const cb_block_q8k *b = &xk[r * (N_IN / 256) + i / 256];
+                const double xv = (double)b->d * b->qs[i % 256];
                 ref += (double)wf[i] * xv;
                 mag += fabs((double)wf[i] * xv);
             }
@@ -128,8 +170,55 @@ static void test_matmul(int type) {
             if (e > worst) worst = e;
         }
     }
-    CHECK(worst < 1e-5);
-    free(w); free(x); free(wf); free(xq);
+    CHECK_MSG(worst < 1e-5, "type %d: worst relative error %g", type, worst);
+    free(w); free(x); free(wf); free(xk);
+}
+
+/* Extreme blocks: every quant and scale at its maximum against activations
+ * of +-127 (the int32 bounds of kquants.h), levels bit-identical and equal
+ * to the exact product to float rounding. */
+static void test_matmul_extremes(int type) {
+    enum { N_OUT = 16, N_IN = 2048, N_ROWS = 3 };
+    const size_t bb = cb_kq_block_bytes(type), rb = bb * (N_IN / 256);
+    uint8_t *w = malloc(rb * N_OUT);
+    memset(w, 0xFF, rb * N_OUT);
+    const uint16_t one = cb_f32_to_f16(1.0f);
+    for (int i = 0; i < N_OUT * N_IN / 256; i++) {
+        uint8_t *blk = w + (size_t)i * bb;
+        if (type == CB_TYPE_Q6_K) {  /* scales -128 or 127, quants 0 or 63 */
+            memcpy(blk + 208, &one, 2);
+            for (int k = 0; k < 16; k++) blk[192 + k] = i % 2 ? 0x80 : 0x7F;
+            if (i % 3 == 0) memset(blk, 0, 192);
+        } else {
+            memcpy(blk, &one, 2);
+            memcpy(blk + 2, &one, 2);
+        }
+    }
+    float *x = malloc(sizeof(float) * N_ROWS * N_IN), *wf = malloc(sizeof(float) * N_IN);
+    for (int i = 0; i < N_ROWS * N_IN; i++) x[i] = i / N_IN == 1 ? -127.0f : 127.0f;
+    for (int i = 2 * N_IN; i < 3 * N_IN; i++) x[i] = (i / 16) % 2 ? 127.0f : -127.0f;
+    cb_block_q8k *xk = malloc(sizeof(cb_block_q8k) * N_ROWS * (N_IN / 256));
+    for (int r = 0; r < N_ROWS; r++) cb_kq_quantize_q8k_scalar(x + r * N_IN, xk + r * (N_IN / 256), N_IN);
+    float y[3][N_ROWS * N_OUT];
+    for (int lvl = 0; lvl <= 2; lvl++) {
+        if (lvl > 0 && cb_simd_detect() < lvl) { memcpy(y[lvl], y[0], sizeof y[0]); continue; }
+        cb_weight wt = { type, N_IN, N_OUT, w, rb, NULL };
+        void *pk = cb_pack_wanted(lvl, type) ? cb_pack_alloc(&wt) : NULL;
+        cb_kq_matmul_rows(lvl, &wt, NULL, xk, N_ROWS, y[lvl], N_OUT, 0, N_OUT);
+        CHECK_MSG(memcmp(y[lvl], y[0], sizeof y[0]) == 0, "extremes type %d level %d differs", type, lvl);
+        free(pk);
+    }
+    int bad = 0;
+    for (int o = 0; o < N_OUT; o++) {
+        cb_kq_row_f32(type, w + (size_t)o * rb, N_IN, wf);
+        for (int r = 0; r < N_ROWS; r++) {
+            double ref = 0, mag = 0;
+            for (int i = 0; i < N_IN; i++) { ref += (double)wf[i] * x[r * N_IN + i]; mag += fabs((double)wf[i] * x[r * N_IN + i]); }
+            bad += fabs(ref - y[0][r * N_OUT + o]) > 1e-6 * mag;
+        }
+    }
+    CHECK_MSG(bad == 0, "extremes type %d: %d outputs off", type, bad);
+    free(w); free(x); free(wf); free(xk);
 }
 
 int main(void) {
@@ -140,8 +229,12 @@ int main(void) {
     test_decode_q45(0);
     test_decode_q45(1);
     test_decode_q6();
+    test_quantize_q8k();
     test_matmul(CB_TYPE_Q4_K);
     test_matmul(CB_TYPE_Q5_K);
     test_matmul(CB_TYPE_Q6_K);
+    test_matmul_extremes(CB_TYPE_Q4_K);
+    test_matmul_extremes(CB_TYPE_Q5_K);
+    test_matmul_extremes(CB_TYPE_Q6_K);
     return cb_test_report("kquants");
 }
