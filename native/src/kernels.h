@@ -12,6 +12,7 @@
 #ifndef CB_KERNELS_H
 #define CB_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -137,6 +138,32 @@ typedef struct {
  * Every byte of the file's blocks is kept, only moved: the packed matrix has
  * the file's size (plus the padding of the last panel). */
 #define CB_PANEL 16
+/* The scalar activation quantizers' two steps, shared by cb_block_q8 (32
+ * values) and cb_block_q8k (256): every SIMD level must round as these do.
+ *
+ * Round to nearest, ties to even, for |v| < 2^22: adding and subtracting
+ * 1.5 * 2^23 leaves the rounded integer (default rounding mode), which is what
+ * the SIMD paths' cvtps2dq does.  The clamp also maps NaN to a finite value. */
+static inline int cb_round_q8(float v) {
+    if (!(v > -127.0f)) v = -127.0f;
+    if (!(v < 127.0f)) v = 127.0f;
+    const float t = v + 12582912.0f;  /* IEEE semantics: not folded without -ffast-math */
+    return (int)(t - 12582912.0f);
+}
+
+/* Scale d = max|x| / 127 of n values, and *id = 1 / d (0 for an all-zero
+ * block, which then quantizes to zeros with d = 0). */
+static inline float cb_q8_scale(const float *x, int n, float *id) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        if (a > amax) amax = a;
+    }
+    const float d = amax / 127.0f;
+    *id = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+
 /* Rows longer than this many 32-blocks (131072 inputs) keep the file layout
  * only (the AVX-512 kernels size per-call stack buffers by it). */
 #define CB_PACK_MAX_BLOCKS 4096

@@ -15,31 +15,16 @@
 
 static inline uint16_t rd16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
-/* Round to nearest, ties to even, for |v| < 2^22: adding and subtracting
- * 1.5 * 2^23 leaves the rounded integer (default rounding mode), which is what
- * the SIMD paths' cvtps2dq does.  The clamp also maps NaN to a finite value. */
-static inline int round_q8(float v) {
-    if (!(v > -127.0f)) v = -127.0f;
-    if (!(v < 127.0f)) v = 127.0f;
-    const float t = v + 12582912.0f;  /* IEEE semantics: not folded without -ffast-math */
-    return (int)(t - 12582912.0f);
-}
-
 /* Activations -> blocks of int8 with d = max|x| / 127 (a zero block stays all
  * zeros with d = 0), s = d * sum(q). */
 static void quantize_q8_scalar(const float *x, cb_block_q8 *q, int64_t n) {
     for (int64_t b = 0; b < n / CB_QK; b++) {
         const float *xb = x + b * CB_QK;
-        float amax = 0.0f;
-        for (int i = 0; i < CB_QK; i++) {
-            const float a = fabsf(xb[i]);
-            if (a > amax) amax = a;
-        }
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id;
+        const float d = cb_q8_scale(xb, CB_QK, &id);
         int sum = 0;
         for (int i = 0; i < CB_QK; i++) {
-            const int v = round_q8(xb[i] * id);
+            const int v = cb_round_q8(xb[i] * id);
             q[b].qs[i] = (int8_t)v;
             sum += v;
         }

@@ -314,7 +314,7 @@ KQ_ATTR static void kp_matmul_q6_K(const cb_weight *w, const cb_block_q8k *xk, i
 
 /* cb_kq_quantize_q8k_scalar's bytes: max|x| over 256 values is exact in any
  * order, d and 1/d are the same IEEE operations, cvtps2dq rounds to nearest
- * even as round_q8 does, and the clamp to +-127 is round_q8's. */
+ * even as cb_round_q8 does, and the clamp to +-127 is cb_round_q8's. */
 KQ_ATTR static void kq_quantize_q8k(const float *x, cb_block_q8k *q, int64_t n) {
     const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
     for (int64_t b = 0; b < n / CB_QK_K; b++) {
@@ -328,7 +328,7 @@ KQ_ATTR static void kq_quantize_q8k(const float *x, cb_block_q8k *q, int64_t n) 
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
             __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * i), id));
-            v = _mm512_min_epi32(_mm512_max_epi32(v, nlim), lim);  /* NaN -> INT_MIN -> -127, as round_q8 */
+            v = _mm512_min_epi32(_mm512_max_epi32(v, nlim), lim);  /* NaN -> INT_MIN -> -127, as cb_round_q8 */
             _mm_storeu_si128((__m128i *)(q[b].qs + 16 * i), _mm512_cvtepi32_epi8(v));
             q[b].bs16[i] = (int16_t)_mm512_reduce_add_epi32(v);
         }

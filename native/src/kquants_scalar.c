@@ -71,29 +71,14 @@ void cb_kq_pack_block(int type, const uint8_t *blk, int j, uint8_t *pk) {
 
 /* ------------------------------------------------------------ activations */
 
-/* Round to nearest, ties to even, for |v| < 2^22 (as kernels_scalar.c's
- * round_q8 and the SIMD paths' cvtps2dq); the clamp also maps NaN to a
- * finite value. */
-static inline int round_q8(float v) {
-    if (!(v > -127.0f)) v = -127.0f;
-    if (!(v < 127.0f)) v = 127.0f;
-    const float t = v + 12582912.0f;  /* IEEE semantics: not folded without -ffast-math */
-    return (int)(t - 12582912.0f);
-}
-
 /* d = max|x| / 127 over 256 values (a zero block stays all zeros, d = 0),
  * q = round(x / d) through the reciprocal, as cb_block_q8 over 32. */
 void cb_kq_quantize_q8k_scalar(const float *x, cb_block_q8k *q, int64_t n) {
     for (int64_t b = 0; b < n / CB_QK_K; b++) {
         const float *xb = x + b * CB_QK_K;
-        float amax = 0.0f;
-        for (int i = 0; i < CB_QK_K; i++) {
-            const float a = fabsf(xb[i]);
-            if (a > amax) amax = a;
-        }
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int i = 0; i < CB_QK_K; i++) q[b].qs[i] = (int8_t)round_q8(xb[i] * id);
+        float id;
+        const float d = cb_q8_scale(xb, CB_QK_K, &id);
+        for (int i = 0; i < CB_QK_K; i++) q[b].qs[i] = (int8_t)cb_round_q8(xb[i] * id);
         for (int i = 0; i < 16; i++) {
             int s = 0;
             for (int l = 0; l < 16; l++) s += q[b].qs[16 * i + l];
