@@ -15,6 +15,7 @@ keyword arguments: make_tiny(wtype="F16", rope_scale=4.0).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -134,3 +135,35 @@ def server(engine, server_kwargs):
     srv = Server(engine, port=0, model_id="smollm2", **server_kwargs).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def toml_spec(tmp_path):
+    """Factory: write `workload` (a workload dict) to tmp_path/w.json and an
+    experiment spec over its first `n` items to tmp_path/x.toml (name "x",
+    one repeat, a 1-thread scalar engine on `model`), with variant "a" at
+    `max_tokens` and, unless b_max_tokens is None, variant "b" at
+    b_max_tokens; returns the spec's path."""
+    def write(model, workload, n, max_tokens=3, b_max_tokens=2):
+        (tmp_path / "w.json").write_text(json.dumps(workload))
+        variant_b = "" if b_max_tokens is None else f"""[[variants]]
+name = "b"
+request = {{ max_tokens = {b_max_tokens} }}
+"""
+        spec = tmp_path / "x.toml"
+        spec.write_text(f"""
+name = "x"
+workload = {{ name = "{tmp_path / 'w.json'}", n = {n} }}
+repeats = 1
+[engine]
+model = "{model}"
+n_threads = 1
+n_ctx = 256
+simd = "scalar"
+[request]
+max_tokens = {max_tokens}
+[[variants]]
+name = "a"
+{variant_b}""")
+        return spec
+    return write

@@ -258,30 +258,12 @@ def test_interrupt_returns_finished_rows(client, make_tiny):
 
 
 # -------------------------------------------------------------------- CLI
-def test_cli_run_dask_local(make_tiny, tmp_path, monkeypatch, capsys):
+def test_cli_run_dask_local(make_tiny, tmp_path, monkeypatch, capsys, toml_spec):
     from colibri_lab.cli import main
 
-    tiny = make_tiny()
-    (tmp_path / "w.json").write_text(json.dumps(MINI))
-    (tmp_path / "x.toml").write_text(f"""
-name = "x"
-workload = {{ name = "{tmp_path / 'w.json'}", n = 4 }}
-repeats = 1
-[engine]
-model = "{tiny.path}"
-n_threads = 1
-n_ctx = 256
-simd = "scalar"
-[request]
-max_tokens = 3
-[[variants]]
-name = "a"
-[[variants]]
-name = "b"
-request = {{ max_tokens = 2 }}
-""")
+    spec = toml_spec(make_tiny().path, MINI, n=4)
     monkeypatch.chdir(tmp_path)
-    assert main(["run", str(tmp_path / "x.toml"), "--dask", "local:2"]) == 0
+    assert main(["run", str(spec), "--dask", "local:2"]) == 0
     out = capsys.readouterr().out
     assert "results:" in out
     from colibri_lab.experiments import latest_results

@@ -228,55 +228,24 @@ def test_poisson_arrivals_and_error_rows(make_tiny):
     assert (df["arrival"] == "poisson 50/s").all()
 
 
-def test_run_spec_from_toml(make_tiny, tmp_path):
+def test_run_spec_from_toml(make_tiny, tmp_path, toml_spec):
     tiny = make_tiny()
-    (tmp_path / "w.json").write_text(json.dumps(MINI))
-    (tmp_path / "x.toml").write_text(f"""
-name = "x"
-workload = {{ name = "{tmp_path / 'w.json'}", n = 1 }}
-repeats = 1
-[engine]
-model = "{tiny.path}"
-n_threads = 1
-n_ctx = 256
-simd = "scalar"
-[request]
-max_tokens = 3
-[[variants]]
-name = "a"
-[[variants]]
-name = "b"
-request = {{ max_tokens = 2 }}
-""")
-    res = run_spec(tmp_path / "x.toml", progress=False)
+    spec = toml_spec(tiny.path, MINI, n=1)
+    res = run_spec(spec, progress=False)
     assert res.path is not None and res.path.parent == tmp_path / "results" / "x"
     assert set(res.requests.groupby("variant")["completion_tokens"].max()) == {3, 2}
     tab = summary_table(load_results(res.path))
     assert list(tab.index) == ["a", "b"] and tab.loc["a", "n"] == 2
 
 
-def test_cli_run_model_replaces_the_specs_model(make_tiny, tmp_path, monkeypatch, capsys):
+def test_cli_run_model_replaces_the_specs_model(make_tiny, tmp_path, monkeypatch, capsys, toml_spec):
     """`colibri-lab run SPEC --model M` runs every variant on M (the spec names a file that does not exist)."""
     from colibri_lab.cli import main
     from colibri_lab.experiments import latest_results
 
     tiny = make_tiny()
-    (tmp_path / "w.json").write_text(json.dumps(MINI))
-    (tmp_path / "x.toml").write_text(f"""
-name = "x"
-workload = {{ name = "{tmp_path / 'w.json'}", n = 1 }}
-repeats = 1
-[engine]
-model = "{tmp_path / 'absent.gguf'}"
-n_threads = 1
-n_ctx = 256
-simd = "scalar"
-[request]
-max_tokens = 2
-[[variants]]
-name = "a"
-""")
-    assert main(["run", str(tmp_path / "x.toml"), "--model", str(tiny.path)]) == 0
+    spec = toml_spec(tmp_path / "absent.gguf", MINI, n=1, max_tokens=2, b_max_tokens=None)
+    assert main(["run", str(spec), "--model", str(tiny.path)]) == 0
     assert "results:" in capsys.readouterr().out
     res = latest_results("x", root=tmp_path / "results")
     assert {e["model_path"] for e in res.meta["engines"].values()} == {str(tiny.path)}
