@@ -92,7 +92,7 @@ typedef struct {
 } cb_block_q6_K;           /* w = d*sc*(q - 32), q in 0..63, 210 bytes */
 
 /* Panel layout (see kernels.h; AVX-512 only) of one 256-weight super-block
- * of 16 outputs j, every byte of the file blocks kept, only moved:
+ * of 16 outputs j, every byte (Q6_K: every bit) of the file blocks kept, only moved:
  *   Q4_K (2304 bytes): d[16] f16 | dmin[16] f16 | scales: byte k (0..11) of
  *     output j at 64 + 16k + j | qs: group g (0..3), chunk c (0..7) =
  *     file qs[32g + 4c .. 32g + 4c + 3] of output j at 256 + 512g + 64c + 4j
@@ -100,9 +100,17 @@ typedef struct {
  *   Q5_K (2816): as Q4_K, plus qh: chunk c (0..7) = file qh[4c..4c+3] at
  *     256 + 64c + 4j; qs moves to 768 + 512g + 64c + 4j.
  *   Q6_K (3360): d[16] f16 | scales: sub-block i (0..15, 16 weights) of
- *     output j at 32 + 16i + j | ql: half h, chunk c (0..15) = file
- *     ql[64h + 4c ..] at 288 + 1024h + 64c + 4j | qh: half h, chunk c (0..7)
- *     = file qh[32h + 4c ..] at 2336 + 512h + 64c + 4j.
+ *     output j at 32 + 16i + j | the 6-bit quants q (0..63, ggml's
+ *     element order) regrouped bit by bit: group g (0..15) = chunks
+ *     4 (g & 1) + v (v = 0..3, 4 weights each) of 32-weight block g / 2, three
+ *     64-byte vectors A, B, C at 288 + 192g + 64v' (v' = 0..2): byte
+ *     4j + t of vector v' holds element t of chunk v' of output j in bits
+ *     0..5 and bits 2v', 2v' + 1 of element t of chunk 3 in bits 6..7.  So
+ *     chunks 0..2 are one vpand each (& 63) and chunk 3 is
+ *     (A >> 6 & 3) | (B >> 4 & 12) | (C >> 2 & 48): 9 vector operations
+ *     per 4 chunks instead of 17 for the file's nibble and 2-bit planes.
+ *     A permutation of the file's 1536 quant bits (the panel keeps the
+ *     file's size), not of its bytes.
  * So 4 consecutive weights of one output are one 32-bit lane and 16 outputs
  * one vector: vpdpbusd against 4 broadcast activation bytes leaves each
  * output's integer sum in its lane (no horizontal sums), and the scale

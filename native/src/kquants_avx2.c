@@ -142,12 +142,25 @@ KQ_ATTR KP2_INL void kp2_tile_q45(const int q5, const int R, const uint8_t *pane
     for (int r = 0; r < R; r++) memcpy(y + (int64_t)r * ldy, acc[r], (size_t)no * sizeof(float));
 }
 
+/* The 4 chunks of half hv (8 outputs) of Q6_K panel group g (kquants.h's
+ * regrouped layout; g points at the half): unsigned q in 0..63. */
+KQ_ATTR KP2_INL void kp2_q6_group(const uint8_t *g, __m256i *W) {
+    const __m256i m63 = _mm256_set1_epi8(63);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)g), b = _mm256_loadu_si256((const __m256i *)(g + 64)),
+                  c = _mm256_loadu_si256((const __m256i *)(g + 128));
+    W[0] = _mm256_and_si256(a, m63);
+    W[1] = _mm256_and_si256(b, m63);
+    W[2] = _mm256_and_si256(c, m63);
+    W[3] = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 6), _mm256_set1_epi8(3)),
+                                           _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(12))),
+                           _mm256_and_si256(_mm256_srli_epi16(c, 2), _mm256_set1_epi8(48)));
+}
+
 /* Half hv of one Q6_K panel x R rows; the -32 offsets at the end of each
  * super-block as sum_i (-32 sc_i) * bs16_i. */
 KQ_ATTR KP2_INL void kp2_tile_q6(const int R, const uint8_t *panel, int hv, int64_t nsb,
                                  const cb_block_q8k *xr, float *y, int64_t ldy, int no) {
     const size_t pb = 16 * 210;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), b45 = _mm256_set1_epi8(0x30);
     _Alignas(32) float acc[KP2_ROWS][8] = { { 0 } };
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *p = panel + (size_t)s * pb;
@@ -155,19 +168,11 @@ KQ_ATTR KP2_INL void kp2_tile_q6(const int R, const uint8_t *panel, int hv, int6
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int b = 0; b < 8; b++) {
-            const int h = b >> 2, k = b & 3;
-            const uint8_t *ql = p + 288 + 1024 * h + 512 * (k & 1) + 32 * hv, *qh = p + 2336 + 512 * h + 32 * hv;
             const __m256i sl = kp2_dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv))));
             const __m256i sh = kp2_dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv))));
             __m256i W[8];
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 64 * c));
-                const __m256i hq = _mm256_loadu_si256((const __m256i *)(qh + 64 * c));
-                const __m256i nib = _mm256_and_si256(k & 2 ? _mm256_srli_epi16(l, 4) : l, lo4);
-                const __m256i hi = _mm256_and_si256(k < 3 ? _mm256_slli_epi16(hq, 4 - 2 * k) : _mm256_srli_epi16(hq, 2), b45);
-                W[c] = _mm256_or_si256(nib, hi);
-            }
+            kp2_q6_group(p + 288 + 192 * (2 * b) + 32 * hv, W);
+            kp2_q6_group(p + 288 + 192 * (2 * b + 1) + 32 * hv, W + 4);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const kq2_i32u *x4 = (const kq2_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * b);

@@ -7,9 +7,10 @@
  * against 4 broadcast activation bytes finishes each output's integer sum
  * of a sub-block in its own lane.  The sub-block scales are applied in
  * integers (vpmulld, then vpaddd into the super-block's sum), the mins
- * (Q4_K / Q5_K) and Q6_K's -32 offsets with vpdpwssd of int16 pairs
- * against the activations' int16 sums, and each (row, 16 outputs,
- * super-block) takes ONE float step, the one of kquants.h:
+ * (Q4_K / Q5_K) with vpdpwssd of int16 pairs against the activations'
+ * int16 sums, Q6_K's -32 offsets as the starts of the vpdpbusd chains
+ * (-32 * bs16 broadcast), and each (row, 16 outputs, super-block) takes
+ * ONE float step, the one of kquants.h:
  *     acc += (d * float(isum) - dmin * float(msum)) * dx      (Q4_K, Q5_K)
  *     acc += (d * float(isum)) * dx                             (Q6_K)
  * as separate multiplies, subtractions and adds (no FMA), so the results are
@@ -77,9 +78,6 @@ KQ_ATTR static INL void kp_prefetch(const uint8_t *p, size_t bytes) {
  * lane o: the vpdpwssd operand against a broadcast pair of activation sums. */
 KQ_ATTR static INL __m512i kp_pairs_u8(__m128i a, __m128i b) {
     return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
-}
-KQ_ATTR static INL __m512i kp_pairs_i8(__m128i a, __m128i b) {
-    return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
 }
 
 /* The 6-bit scale (mins = 0) or min (mins = 1) fields of sub-block j of
@@ -186,15 +184,33 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
     for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy, m, _mm512_load_ps(acc[r]));
 }
 
+/* The 4 chunks (4 weights x 16 outputs each) of Q6_K panel group g (the
+ * regrouped layout of kquants.h): unsigned q in 0..63. */
+KQ_ATTR static INL void kp_q6_group(const uint8_t *g, __m512i *W) {
+    const __m512i m63 = _mm512_set1_epi8(63), m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12),
+                  m48 = _mm512_set1_epi8(48);
+    const __m512i a = _mm512_loadu_si512((const void *)g), b = _mm512_loadu_si512((const void *)(g + 64)),
+                  c = _mm512_loadu_si512((const void *)(g + 128));
+    W[0] = _mm512_and_si512(a, m63);
+    W[1] = _mm512_and_si512(b, m63);
+    W[2] = _mm512_and_si512(c, m63);
+    /* bits 0-1 from a >> 6, 2-3 from b >> 4, 4-5 from c >> 2, joined by byte adds (the fields do not
+     * overlap): shifts, ands and adds leave Zen 4's vpdpbusd pipes alone, where vpternlogd (which
+     * GCC makes of and / or pairs) takes their slots */
+    W[3] = _mm512_add_epi8(_mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(a, 6), m3),
+                                           _mm512_and_si512(_mm512_srli_epi16(b, 4), m12)),
+                           _mm512_and_si512(_mm512_srli_epi16(c, 2), m48));
+}
+
 /* One Q6_K panel x R rows.  Weights as unsigned q in 0..63; the -32 of
- * each 16-weight sub-block i comes in at the end of the super-block as
- * sum_i (-32 sc_i) * bs16_i (vpdpwssd of int16 pairs). */
+ * each 16-weight sub-block i is the start of its vpdpbusd chain,
+ * -32 * bs16_i broadcast, so each chain sums (q - 32) * x exactly. */
 KQ_ATTR static INL void kp_tile_q6(const int R, const uint8_t *panel, int64_t nsb,
                                    const cb_block_q8k *xr, float *y, int64_t ldy, __mmask16 m,
                                    const uint8_t *pf) {
     const size_t pb = 16 * 210;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), b45 = _mm512_set1_epi8(0x30);
     _Alignas(64) float acc[KP_ROWS][16];  /* memory: the registers go to weights and integer sums */
+    _Alignas(64) int32_t off[KP_ROWS][16];  /* -32 * bs16 of each row's sub-blocks */
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     for (int64_t s = 0; s < nsb; s++) {
@@ -202,27 +218,23 @@ KQ_ATTR static INL void kp_tile_q6(const int R, const uint8_t *panel, int64_t ns
         if (pf) kp_prefetch(pf + (size_t)s * pb, pb);
         __m512i isum[KP_ROWS];
 #pragma GCC unroll 16
-        for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+        for (int r = 0; r < R; r++) {
+            isum[r] = _mm512_setzero_si512();
+            const __m512i b16 = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)xr[(int64_t)r * nsb + s].bs16));
+            _mm512_store_si512(off[r], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(b16, 5)));
+        }
 #pragma GCC unroll 1
-        for (int b = 0; b < 8; b++) {  /* 32-weight block b = 4h + k: sub-blocks 2b, 2b + 1 */
-            const int h = b >> 2, k = b & 3;
-            const uint8_t *ql = p + 288 + 1024 * h + 512 * (k & 1), *qh = p + 2336 + 512 * h;
+        for (int b = 0; b < 8; b++) {  /* 32-weight block b: sub-blocks 2b, 2b + 1 = groups 2b, 2b + 1 */
             const __m512i sl = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b))));
             const __m512i sh = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b + 1))));
             __m512i W[8];
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                const __m512i l = _mm512_loadu_si512((const void *)(ql + 64 * c));
-                const __m512i hv = _mm512_loadu_si512((const void *)(qh + 64 * c));
-                const __m512i nib = _mm512_and_si512(k & 2 ? _mm512_srli_epi16(l, 4) : l, lo4);
-                const __m512i hi = _mm512_and_si512(k < 3 ? _mm512_slli_epi16(hv, 4 - 2 * k) : _mm512_srli_epi16(hv, 2), b45);
-                W[c] = _mm512_or_si512(nib, hi);
-            }
+            kp_q6_group(p + 288 + 192 * (2 * b), W);
+            kp_q6_group(p + 288 + 192 * (2 * b + 1), W + 4);
 #pragma GCC unroll 16
             for (int r = 0; r < R; r++) {
                 const kq_i32u *x4 = (const kq_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * b);
-                __m512i s0 = kp_dp(_mm512_setzero_si512(), W[0], x4);
-                __m512i s1 = kp_dp(_mm512_setzero_si512(), W[4], x4 + 4);
+                __m512i s0 = kp_dp(_mm512_set1_epi32(off[r][2 * b]), W[0], x4);
+                __m512i s1 = kp_dp(_mm512_set1_epi32(off[r][2 * b + 1]), W[4], x4 + 4);
 #pragma GCC unroll 3
                 for (int c = 1; c < 4; c++) {
                     s0 = kp_dp(s0, W[c], x4 + c);
@@ -231,23 +243,11 @@ KQ_ATTR static INL void kp_tile_q6(const int R, const uint8_t *panel, int64_t ns
                 isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sl), _mm512_mullo_epi32(s1, sh)));
             }
         }
-        /* -32 sc_i as int16 pairs (sub-blocks 2k, 2k + 1) */
-        __m512i op[8];
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            const __m512i pr = kp_pairs_i8(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * k))),
-                                           _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * k + 1))));
-            op[k] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(pr, 5));
-        }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
             const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
-            const kq_i32u *b2 = (const kq_i32u *)xb->bs16;
-            __m512i t = isum[r];
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) t = kp_dpw(t, op[k], b2 + k);
-            const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(t));
+            const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r]));
             _mm512_store_ps(acc[r], _mm512_add_ps(_mm512_load_ps(acc[r]), _mm512_mul_ps(a, _mm512_set1_ps(xb->d))));
         }
     }

@@ -56,14 +56,27 @@ void cb_kq_pack_block(int type, const uint8_t *blk, int j, uint8_t *pk) {
             for (int c = 0; c < 8; c++) memcpy(pq + 512 * g + 64 * c + 4 * j, qs + 32 * g + 4 * c, 4);
         break;
     }
-    case CB_TYPE_Q6_K:
+    case CB_TYPE_Q6_K: {
         memcpy(pk + 2 * j, blk + 208, 2);      /* d */
         for (int i = 0; i < 16; i++) pk[32 + 16 * i + j] = blk[192 + i];
-        for (int h = 0; h < 2; h++) {
-            for (int c = 0; c < 16; c++) memcpy(pk + 288 + 1024 * h + 64 * c + 4 * j, blk + 64 * h + 4 * c, 4);
-            for (int c = 0; c < 8; c++) memcpy(pk + 2336 + 512 * h + 64 * c + 4 * j, blk + 128 + 32 * h + 4 * c, 4);
-        }
+        uint8_t q[CB_QK_K];                    /* the 6-bit quants in element order (ggml's dequantize_row_q6_K) */
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *ql = blk + 64 * h, qh = blk[128 + 32 * h + l];
+                q[128 * h + l] = (uint8_t)((ql[l] & 0xF) | ((qh & 3) << 4));
+                q[128 * h + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh >> 2) & 3) << 4));
+                q[128 * h + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh >> 4) & 3) << 4));
+                q[128 * h + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh >> 6) & 3) << 4));
+            }
+        for (int g = 0; g < 16; g++)  /* group g: chunks 4 (g & 1) .. + 3 of 32-weight block g / 2 */
+            for (int t = 0; t < 4; t++) {
+                const uint8_t *e = q + 32 * (g >> 1) + 16 * (g & 1) + t;  /* element t of chunk 0 of the group */
+                const int w3 = e[12];
+                for (int v = 0; v < 3; v++)
+                    pk[288 + 192 * g + 64 * v + 4 * j + t] = (uint8_t)(e[4 * v] | ((w3 >> (2 * v)) & 3) << 6);
+            }
         break;
+    }
     default:
         break;
     }
