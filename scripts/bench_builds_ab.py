@@ -93,7 +93,8 @@ class Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.abspath(tree)
         self.p = subprocess.Popen([sys.executable, "-c", WORKER, model, simd], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, env=env)
+                                  stdout=subprocess.PIPE, text=True, env=env,
+                                  cwd=env["PYTHONPATH"])  # '' on sys.path is the tree, before any install
         self.file = json.loads(self.p.stdout.readline())["file"]
 
     def ask(self, q):

@@ -336,10 +336,36 @@ static void prefetch_item_k(const row_task *t, int it, int parts) {
     for (size_t o = 0; o < (size_t)np * I->head_dim * c->kv_elt; o += 64) __builtin_prefetch(K + o, 0, 2);
 }
 
+/* Whole rows [r0, r1) of thread ith for attention: contiguous ranges of
+ * about equal work (the positions each row attends to, plus a fixed cost
+ * per row), not of equal row counts: in a causal prefill the last rows
+ * attend to the most positions (512 rows split in halves gave the second
+ * thread 3/4 of the work).  Every thread computes the same split. */
+static void attn_rows_range(const row_task *t, int ith, int nth, int *r0, int *r1) {
+    const cb_ctx *c = t->c;
+    int64_t total = 0;
+    for (int r = 0; r < t->n; r++) {
+        int row0;
+        total += kv_window(c, t->layer, t->b->pos[r], &row0) + 32;
+    }
+    const int64_t lo = total * ith / nth, hi = total * (ith + 1) / nth;
+    int64_t acc = 0;
+    *r0 = *r1 = t->n;
+    for (int r = 0, found = 0; r < t->n; r++) {
+        if (!found && acc >= lo) { *r0 = r; found = 1; }
+        if (acc >= hi) { *r1 = r; break; }
+        int row0;
+        acc += kv_window(c, t->layer, t->b->pos[r], &row0) + 32;
+    }
+    if (ith == nth - 1) *r1 = t->n;
+    if (*r1 < *r0) *r1 = *r0;
+}
+
 /* Causal attention: one kernel call per (row, KV head) runs the query heads
  * that share that KV head (GQA), so K and V rows are read once per group.
- * Work items are whole rows when there are at least 2 per thread (a row's
- * KV heads share cache lines: one thread reads them once), else (row, KV
+ * Work items are whole rows (ranges of equal work, attn_rows_range) when
+ * there are at least 2 per thread (a row's KV heads share cache lines: one
+ * thread reads them once), else (row, KV
  * head) pairs, and with fewer of those than 2 per thread (a decode step of
  * one or two rows) single query heads, so every thread has work.  Heads are
  * independent, so the split never changes a result. */
@@ -353,7 +379,7 @@ static void task_attention(void *arg, int ith, int nth) {
     int i0, i1, q_rows[2] = { 0, 0 };  /* rows this thread owns whole: quantized for the next matmul */
     if (t->n >= 2 * nth) {  /* whole rows: items of one row are consecutive */
         int r0, r1;
-        rows_range(t->n, ith, nth, &r0, &r1);
+        attn_rows_range(t, ith, nth, &r0, &r1);
         i0 = r0 * I->n_head_kv;
         i1 = r1 * I->n_head_kv;
         if (i1 < i0) i1 = i0;
