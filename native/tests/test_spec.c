@@ -145,6 +145,22 @@ static void test_policy_cost(void) {
     CHECK(cb_spec_policy_k_class(&steep, -1, 0, &sp, 1, 4) == 0);
 }
 
+/* Step times of row-tiled kernels (tiles of 8, 4, 2, 1 rows): 4 rows cost less than 3, 8 less than 7.  The
+ * policy prices a depth by its own measured size: 3 drafts (4 rows) beat 1 or 2 here; a cost lifted to be
+ * monotone priced 4 rows as 3 and chose depth 1. */
+static void test_policy_tiled_cost(void) {
+    cb_spec_params sp = { CB_SPEC_LOOKUP, 16, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 4;
+    static const double ms[] = { 0, 10, 10.5, 15, 11, 20, 22, 25, 16, 30, 32, 34, 36, 38, 40, 42, 44, 46 };
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    for (int rep = 0; rep < 5; rep++)
+        for (int r = 1; r <= 17; r++) cb_spec_policy_step(&p, r, ms[r]);
+    feed_accept(&p, b, cls, 16, 0.6);
+    int k = cb_spec_policy_k_class(&p, b, cls, &sp, 1, 16);
+    CHECK_MSG(k == 3, "tiled cost: depth %d, want 3 (4 rows, priced at 1.1 steps)", k);
+}
+
 static void test_policy_outlier(void) {
     cb_spec_params sp = { CB_SPEC_LOOKUP, 16, 1, 16, 2 };
     int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 4;
@@ -347,6 +363,7 @@ int main(void) {
     test_lookup_cases();
     test_lookup_random();
     test_policy_cost();
+    test_policy_tiled_cost();
     test_policy_outlier();
     test_policy_skip_and_probe();
     test_policy_carry_forward();
