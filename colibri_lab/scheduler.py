@@ -135,6 +135,7 @@ class Scheduler:
         self._to_cancel: list[RequestHandle] = []
         self._calls: list[tuple] = []  # (fn, done Event, result box) run on the owner thread
         self._conversation_slot: dict[str, int] = {}
+        self._after: list = []   # after_step callables, run on the owner thread once a step's events are out
         self._done_times: collections.deque[float] = collections.deque(maxlen=256)  # drain-rate window
         self._outstanding = 0   # submitted and not yet finished (queued in Python or C, or running)
         self._cv = threading.Condition()
@@ -240,6 +241,25 @@ class Scheduler:
             raise box["error"]
         return box.get("result")
 
+    def after_step(self, fn) -> None:
+        """Run fn() on the owner thread once every event of the current step has gone to its
+        sink (a sink calls this to do its I/O for all requests in one burst: the loopback
+        client then wakes once per step instead of once per token).  fn may call after_step
+        again: that runs after every fn of this round.  From another thread fn runs at once."""
+        if threading.get_ident() != self._thread.ident:
+            fn()
+            return
+        self._after.append(fn)
+
+    def _run_after(self) -> None:
+        while self._after:
+            fns, self._after = self._after, []
+            for fn in fns:
+                try:
+                    fn()
+                except Exception:   # like a broken sink: must not stop the engine for everyone else
+                    traceback.print_exc()
+
     def clear_conversations(self) -> None:
         """Forget conversation -> slot pins."""
         with self._cv:
@@ -261,61 +281,79 @@ class Scheduler:
             self._cv.notify()
 
     def _loop(self) -> None:
+        try:
+            while self._iteration():
+                pass
+        finally:
+            self._closing()
+
+    def _iteration(self) -> bool:
+        """One pass of the owner thread: calls, submits, cancels, one step and its events; False
+        once closed."""
+        try:
+            return self._iterate()
+        finally:
+            self._run_after()
+
+    def _iterate(self) -> bool:
         core = self._core
-        while True:
-            with self._cv:
-                while (not self._closed and not self._incoming and not self._active and not self._to_cancel
-                       and not self._calls):
-                    self._cv.wait()
-                if self._closed:
-                    break
-                incoming = list(self._incoming)
-                self._incoming.clear()
-                cancels, self._to_cancel = self._to_cancel, []
-                calls, self._calls = self._calls, []
-            for fn, done, box in calls:
-                try:
-                    box["result"] = fn(core)
-                except Exception as exc:
-                    box["error"] = exc
-                done.set()
-            for p in incoming:
-                self._submit_to_core(p)
-            for h in cancels:
-                if h.id is not None and h.id in self._active:
-                    core.cancel(h.id)
-                elif h.id is None and not h._done.is_set():
-                    h._deliver({"type": "done", "id": None, "t": time.perf_counter(),
-                                "metrics": schema.empty_request("cancelled", len(h.tokens))})
-            if not self._active:
-                continue
+        with self._cv:
+            while (not self._closed and not self._incoming and not self._active and not self._to_cancel
+                   and not self._calls):
+                self._cv.wait()
+            if self._closed:
+                return False
+            incoming = list(self._incoming)
+            self._incoming.clear()
+            cancels, self._to_cancel = self._to_cancel, []
+            calls, self._calls = self._calls, []
+        for fn, done, box in calls:
             try:
-                events = core.step()
-                t = time.perf_counter()
-                stats = core.last_step()   # raises if the engine was closed during the step
-            except Exception as exc:  # the engine itself failed: fail every request, keep serving
-                for a in list(self._active.values()):
-                    a.handle._fail(EngineError(f"engine step failed: {exc}"))
-                self._active.clear()
+                box["result"] = fn(core)
+            except Exception as exc:
+                box["error"] = exc
+            done.set()
+        for p in incoming:
+            self._submit_to_core(p)
+        for h in cancels:
+            if h.id is not None and h.id in self._active:
+                core.cancel(h.id)
+            elif h.id is None and not h._done.is_set():
+                h._deliver({"type": "done", "id": None, "t": time.perf_counter(),
+                            "metrics": schema.empty_request("cancelled", len(h.tokens))})
+        if not self._active:
+            return True
+        try:
+            events = core.step()
+            t = time.perf_counter()
+            stats = core.last_step()   # raises if the engine was closed during the step
+        except Exception as exc:  # the engine itself failed: fail every request, keep serving
+            for a in list(self._active.values()):
+                a.handle._fail(EngineError(f"engine step failed: {exc}"))
+            self._active.clear()
+            return True
+        stats["t"] = time.time()
+        self.step_log.append(stats)
+        for ev in events:
+            a = self._active.get(ev["id"])
+            if a is None:
                 continue
-            stats["t"] = time.time()
-            self.step_log.append(stats)
-            for ev in events:
-                a = self._active.get(ev["id"])
-                if a is None:
-                    continue
-                ev["t"] = t
-                if ev["type"] == "token":
-                    a.token_times.append(t)
-                elif ev["type"] == "done":
-                    ev["metrics"] = m = schema.derive_request(ev["metrics"], a.py_queue_ms, a.token_times)
-                    if a.conversation is not None and m["slot"] >= 0:
-                        self._conversation_slot[a.conversation] = m["slot"]
-                    self.finished.append(dict(m, id=ev["id"]))
-                if ev["type"] in ("done", "error"):
-                    del self._active[ev["id"]]
-                a.handle._deliver(ev)
-        # closing: fail what is left
+            ev["t"] = t
+            if ev["type"] == "token":
+                a.token_times.append(t)
+            elif ev["type"] == "done":
+                ev["metrics"] = m = schema.derive_request(ev["metrics"], a.py_queue_ms, a.token_times)
+                if a.conversation is not None and m["slot"] >= 0:
+                    self._conversation_slot[a.conversation] = m["slot"]
+                self.finished.append(dict(m, id=ev["id"]))
+            if ev["type"] in ("done", "error"):
+                del self._active[ev["id"]]
+            a.handle._deliver(ev)
+        return True
+
+    def _closing(self) -> None:
+        """The owner thread's last act: fail what is left."""
+        core = self._core
         for a in list(self._active.values()):
             try:
                 core.cancel(a.handle.id)
@@ -327,6 +365,7 @@ class Scheduler:
             self._incoming.clear()
         for p in left:
             p.handle._fail(ColibriError("scheduler closed"))
+        self._run_after()
 
     def _submit_to_core(self, p: _Pending) -> None:
         params = p.params

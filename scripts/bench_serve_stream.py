@@ -40,7 +40,7 @@ port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.a
 # one thread, every stream on one selector: each recv is stamped when it returns and kept whole;
 # the lines are split and parsed after the last stream ends (the client shares the server's cores)
 sel, got, socks = selectors.DefaultSelector(), {}, []
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 for i, p in enumerate(prompts):
     body = json.dumps({"model": "m", "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
@@ -61,6 +61,7 @@ while open_n:
             sel.unregister(key.fileobj)
             key.fileobj.close()
             open_n -= 1
+cpu = time.process_time() - c0
 out = {}
 for i, parts in got.items():
     raw = b"".join(d for _, d in parts)
@@ -83,7 +84,7 @@ for i, parts in got.items():
             n_tok = d["usage"]["completion_tokens"]
     out[i] = {"chunks": ts, "tokens": n_tok}
 last = max((o["chunks"][-1][0] for o in out.values() if o["chunks"]), default=time.perf_counter())
-print(json.dumps({"recv": out, "wall": last - t0}))
+print(json.dumps({"recv": out, "wall": last - t0, "cpu": cpu}))
 """
 
 CLIENT_THREADS = r"""
@@ -112,11 +113,12 @@ def one(i, p):
             n = d["usage"]["completion_tokens"]
     out[i] = {"chunks": ts, "tokens": n}
 th = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 for t in th: t.start()
 for t in th: t.join()
+cpu = time.process_time() - c0   # the parse after each stream included
 last = max((o["chunks"][-1][0] for o in out.values() if o["chunks"]), default=time.perf_counter())
-print(json.dumps({"recv": out, "wall": last - t0}))
+print(json.dumps({"recv": out, "wall": last - t0, "cpu": cpu}))
 """
 
 
@@ -128,6 +130,14 @@ class Stamped:
         self.times: dict[int, list[float]] = {}
         self.tokens: dict[int, list[int]] = {}
         self.prompt_of: dict[int, tuple] = {}
+        self.reset_clock()
+
+    def reset_clock(self):
+        """Wall time inside core.step() and between two steps (the scheduler's Python per step:
+        events to sinks, writes, submits), summed since the last reset."""
+        self.in_step = self.between = 0.0
+        self.n_steps = 0
+        self._t_end = None
 
     def __getattr__(self, name):
         return getattr(self._core, name)
@@ -138,8 +148,14 @@ class Stamped:
         return rid
 
     def step(self):
+        t0 = time.perf_counter()
         evs = self._core.step()
         t = time.perf_counter()
+        if self._t_end is not None and t0 - self._t_end < 0.05:   # not an idle wait for work
+            self.between += t0 - self._t_end
+        self.in_step += t - t0
+        self.n_steps += 1
+        self._t_end = t
         for e in evs:
             if e["type"] == "token":
                 self.times.setdefault(e["id"], []).append(t)
@@ -147,17 +163,56 @@ class Stamped:
         return evs
 
 
+class CpuMeter:
+    """CPU time of this process over a run, split by thread: the scheduler thread, the engine's
+    pool threads (native, not Python threads), the main thread, and the rest (the threads that
+    come and go: HTTP handlers, or the threads reading Engine.stream_events), from the kernel's
+    per-thread run time (/proc/self/task/*/schedstat, ns)."""
+
+    def __init__(self, scheduler_thread):
+        self.sched = scheduler_thread.native_id
+        self.main = threading.main_thread().native_id
+
+    @staticmethod
+    def _run_ns(tid):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                return int(f.read().split()[0])
+        except OSError:
+            return 0
+
+    def snap(self):
+        py = {t.native_id for t in threading.enumerate()}
+        d = {"total": time.process_time_ns(), "scheduler": 0, "pool": 0, "main": 0}
+        for tid in map(int, os.listdir("/proc/self/task")):
+            k = "scheduler" if tid == self.sched else "main" if tid == self.main else \
+                "pool" if tid not in py else None
+            if k:
+                d[k] += self._run_ns(tid)
+        return d
+
+    @staticmethod
+    def delta(a, b, tokens):
+        """us of CPU per token by part, b - a."""
+        out = {k: (b[k] - a[k]) / 1e3 / max(1, tokens) for k in a}
+        out["other"] = out["total"] - out["scheduler"] - out["pool"] - out["main"]
+        return out
+
+
 def prompts_for(n):
     return [f"Story {i}: Once upon a time, in a small village by the sea, there lived a" for i in range(n)]
 
 
-def run_http(eng, srv, stamped, n, max_tokens, client=CLIENT):
+def run_http(eng, srv, stamped, n, max_tokens, client=CLIENT, meter=None):
     prompts = prompts_for(n)
     stamped.times.clear()
     stamped.tokens.clear()
     stamped.prompt_of.clear()
+    c0 = meter.snap() if meter else None
+    stamped.reset_clock()
     r = subprocess.run([sys.executable, "-c", client, str(srv.port), json.dumps(prompts), str(max_tokens)],
                        capture_output=True, text=True, check=True)
+    c1 = meter.snap() if meter else None
     res = json.loads(r.stdout)
     by_prompt = {stamped.prompt_of[rid]: rid for rid in stamped.times}
     lat, dropped, toks, n_chunks = [], 0, 0, 0
@@ -175,7 +230,16 @@ def run_http(eng, srv, stamped, n, max_tokens, client=CLIENT):
             dropped += 1
             continue
         lat += lat_i
-    return {"latency_ms": lat, "dropped": dropped, "tok_s": toks / res["wall"], "tokens": toks, "chunks": n_chunks}
+    out = {"latency_ms": lat, "dropped": dropped, "tok_s": toks / res["wall"], "tokens": toks, "chunks": n_chunks}
+    if meter:
+        out["cpu_us_per_token"] = dict(CpuMeter.delta(c0, c1, toks), client=res.get("cpu", 0) * 1e6 / max(1, toks))
+    out.update(_clock(stamped, toks))
+    return out
+
+
+def _clock(stamped, toks):
+    return {"step_ms": stamped.in_step * 1e3 / max(1, stamped.n_steps),
+            "between_us_per_token": stamped.between * 1e6 / max(1, toks)}
 
 
 def _token_latencies(eng, times, tokens, chunks):
@@ -199,7 +263,7 @@ def _token_latencies(eng, times, tokens, chunks):
     return out
 
 
-def run_direct(eng, n, max_tokens):
+def run_direct(eng, n, max_tokens, meter=None, stamped=None):
     prompts = prompts_for(n)
     counts = [0] * n
 
@@ -209,12 +273,20 @@ def run_direct(eng, n, max_tokens):
                 counts[i] += 1
 
     th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    c0 = meter.snap() if meter else None
+    if stamped is not None:
+        stamped.reset_clock()
     t0 = time.perf_counter()
     for t in th:
         t.start()
     for t in th:
         t.join()
-    return {"tok_s": sum(counts) / (time.perf_counter() - t0)}
+    out = {"tok_s": sum(counts) / (time.perf_counter() - t0)}
+    if meter:
+        out["cpu_us_per_token"] = CpuMeter.delta(c0, meter.snap(), sum(counts))
+    if stamped is not None:
+        out.update(_clock(stamped, sum(counts)))
+    return out
 
 
 def _boot_ci(vals, stat=statistics.median, n=2000, seed=0):
@@ -235,8 +307,8 @@ def summarize(paths):
         for r in d["runs"]:
             runs.setdefault((label, r["streams"]), []).append(r)
     print("| code | streams | runs | event->socket p50 ms [95% CI] | p99 ms | HTTP tok/s | engine tok/s | "
-          "HTTP/engine median [95% CI] | tokens per chunk |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "HTTP/engine median [95% CI] | tokens per chunk | between steps us/token HTTP / engine |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (label, n), rs in sorted(runs.items()):
         p50 = [statistics.median(r["http"]["latency_ms"]) for r in rs]
         p99 = [sorted(r["http"]["latency_ms"])[int(0.99 * (len(r["http"]["latency_ms"]) - 1))] for r in rs]
@@ -246,7 +318,15 @@ def summarize(paths):
         print(f"| {label} | {n} | {len(rs)} | {statistics.median(p50):.2f} [{lo:.2f}, {hi:.2f}] | "
               f"{statistics.median(p99):.2f} | {statistics.median(r['http']['tok_s'] for r in rs):.1f} | "
               f"{statistics.median(r['direct']['tok_s'] for r in rs):.1f} | {statistics.median(ratio):.3f} "
-              f"[{rlo:.3f}, {rhi:.3f}] | {_per_chunk(rs)} |")
+              f"[{rlo:.3f}, {rhi:.3f}] | {_per_chunk(rs)} | {_between(rs)} |")
+
+
+def _between(rs):
+    """The scheduler thread's wall time between two steps per token (median over runs), through
+    HTTP and through Engine.stream_events; runs saved before it was recorded have none."""
+    h = [r["http"]["between_us_per_token"] for r in rs if "between_us_per_token" in r["http"]]
+    d = [r["direct"]["between_us_per_token"] for r in rs if "between_us_per_token" in r["direct"]]
+    return f"{statistics.median(h):.0f} / {statistics.median(d):.0f}" if h and d else ""
 
 
 def _per_chunk(rs):
@@ -255,6 +335,14 @@ def _per_chunk(rs):
     t = sum(r["http"].get("tokens", 0) for r in rs)
     c = sum(r["http"].get("chunks", 0) for r in rs)
     return f"{t / c:.2f}" if c else ""
+
+
+def _cpu_str(r):
+    c = r.get("cpu_us_per_token") or {}
+    out = " ".join(f"{k} {v:.0f}" for k, v in c.items() if k in ("total", "other", "client"))
+    if "step_ms" in r:
+        out += f" step {r['step_ms']:.2f} ms, between steps {r['between_us_per_token']:.0f} us/token"
+    return out
 
 
 def main():
@@ -276,11 +364,25 @@ def main():
     from colibri_lab.scheduler import Scheduler
     from colibri_lab.server import Server
 
+    prof = os.environ.get("BENCH_PROFILE")   # a path: cProfile of the scheduler thread (slows it; for shares only)
+    if prof:
+        import cProfile
+
+        _loop = Scheduler._loop
+
+        def _profiled(self):
+            pr = cProfile.Profile()
+            try:
+                pr.runcall(_loop, self)
+            finally:
+                pr.dump_stats(prof)
+        Scheduler._loop = _profiled
     eng = Engine(a.model, n_threads=a.threads, n_slots=max(a.streams), n_ctx=512)
     eng.scheduler.close()
     stamped = Stamped(eng.core)
     eng.scheduler = Scheduler(stamped)
     srv = Server(eng, port=0, model_id="m").start()
+    meter = CpuMeter(eng.scheduler._thread)
     import colibri_lab
 
     client = CLIENT if a.client == "select" else CLIENT_THREADS
@@ -294,14 +396,15 @@ def main():
                 order = ("http", "direct") if r % 2 == 0 else ("direct", "http")
                 rec = {"round": r, "streams": n}
                 for kind in order:
-                    rec[kind] = run_http(eng, srv, stamped, n, a.max_tokens, client) if kind == "http" else \
-                        run_direct(eng, n, a.max_tokens)
+                    rec[kind] = run_http(eng, srv, stamped, n, a.max_tokens, client, meter) if kind == "http" \
+                        else run_direct(eng, n, a.max_tokens, meter, stamped)
                 out["runs"].append(rec)
                 lat = rec["http"]["latency_ms"]
                 print(f"round {r} streams {n}: event->socket p50 {statistics.median(lat):.3f} ms "
                       f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.3f} ms (dropped {rec['http']['dropped']}, "
                       f"{rec['http']['tokens'] / max(1, rec['http']['chunks']):.2f} tokens per chunk), "
-                      f"http {rec['http']['tok_s']:.1f} tok/s, direct {rec['direct']['tok_s']:.1f} tok/s",
+                      f"http {rec['http']['tok_s']:.1f} tok/s, direct {rec['direct']['tok_s']:.1f} tok/s; "
+                      f"CPU us/token http {_cpu_str(rec['http'])} | direct {_cpu_str(rec['direct'])}",
                       flush=True)
     finally:
         srv.stop()

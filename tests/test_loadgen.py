@@ -201,6 +201,21 @@ def test_percentile_ratio_and_max_rate():
     r = percentile_ratio(a, a * 0.5, q=99)
     assert r["ratio"] == pytest.approx(0.5) and r["verdict"] == "win"
     assert percentile_ratio(a, rng.exponential(100.0, 400), q=50)["verdict"] == "no clear difference"
+    # a cluster bootstrap over groups: 40 requests of 10 gaps each, every gap of a request the same
+    # value, is as wide as the bootstrap of the 40 values (the copies are no evidence), and the
+    # gap-by-gap bootstrap of the copies is much narrower
+    x, y = rng.exponential(100.0, 40), rng.exponential(100.0, 40)
+    xr, yr = np.repeat(x, 10), np.repeat(y, 10)
+    g = np.repeat(np.arange(40), 10)
+    width = lambda c: c["ci_high"] - c["ci_low"]
+    one = percentile_ratio(x, y, q=90)
+    grouped = percentile_ratio(xr, yr, q=90, groups_a=g, groups_b=g + 100)
+    flat = percentile_ratio(xr, yr, q=90)
+    assert grouped["ratio"] == pytest.approx(float(np.percentile(yr, 90) / np.percentile(xr, 90)))
+    assert grouped["n_a"] == grouped["n_b"] == 40 and flat["n_a"] == 400
+    assert 0.6 < width(grouped) / width(one) < 1.6 and width(flat) < 0.6 * width(grouped)
+    h = percentile_ratio(a, a * 0.5, q=99, groups_a=np.arange(400) // 4, groups_b=np.arange(400) // 4)
+    assert h["ratio"] == pytest.approx(0.5) and h["verdict"] == "win"
     t = pd.DataFrame({"server": ["x"] * 4, "rate": [4.0, 1.0, 2.0, 8.0], "failed": [0, 0, 0, 0],
                       "sustained": [0.95, 1.0, 1.0, 0.97], "p99_ttft_ms": [1900, 100, 300, 2500],
                       "p99_tpot_ms": [150, 50, 60, 100]})

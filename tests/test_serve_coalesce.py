@@ -270,3 +270,43 @@ def test_try_write_never_blocks_and_the_rest_goes_out_first():
     a.shutdown(socket.SHUT_WR)
     reader.join(10)
     assert got[0] == b"".join(sent) + b"END"
+
+
+def test_a_steps_writes_go_out_after_every_sink_back_to_back():
+    """With a scheduler that runs sinks' I/O after the step (after_step), no token is written while
+    the step's events are handed out; then every stream's bytes are built, then all written, in
+    order, and a failed write still falls back to the queue in order."""
+    later = []
+
+    class _Sched(_FakeEngine.scheduler):
+        @staticmethod
+        def after_step(fn):
+            later.append(fn)
+
+    def run_after():
+        while later:
+            fns = list(later)
+            later.clear()
+            for fn in fns:
+                fn()
+
+    eng = _FakeEngine()
+    eng.scheduler = _Sched
+    wrote, log = [], []
+    gens = [gen.Generation(eng, [gen.Spec(0, [7], {"stop": None})], lambda m: None) for _ in range(2)]
+    for k, g in enumerate(gens):
+        g.write_tokens_directly(0, lambda text, k=k: (log.append(("build", k)), f"{k}:{text}".encode())[1],
+                                lambda data: (wrote.append(data), log.append(("write", data)))[0] is None)
+        assert next(g.events(0.01)) is None   # queue empty: direct writes on
+    s0, s1 = eng.sinks
+    _tok(s0, 1), _tok(s1, 3), _tok(s0, 2)     # one step's events
+    assert wrote == [] and log == []
+    run_after()
+    assert log == [("build", 0), ("build", 0), ("build", 1), ("write", b"0:Hel"), ("write", b"0:lo"),
+                   ("write", b"1: wor")]
+    assert [g.n_direct for g in gens] == [2, 1] and all(g.q.empty() for g in gens)
+    _tok(s1, 4), _done(s1)                    # a token and the end in one step: the end is queued after it
+    run_after()
+    assert wrote[-1] == b"1:ld" and gens[1].q.qsize() == 1
+    idx, piece = next(gens[1].events(0.01))
+    assert piece["done"] and gens[1].results[0].text == " world"

@@ -426,27 +426,71 @@ def serve_table(res: Results, slo: str | dict | None = None) -> pd.DataFrame:
 
 
 def percentile_ratio(a, b, q: float = 99, n_boot: int = 2000, ci: float = 0.95, seed: int = 0,
-                     better: str = "lower") -> dict:
+                     better: str = "lower", groups_a=None, groups_b=None) -> dict:
     """The ratio of the q-th percentiles percentile(b) / percentile(a) of two
     independent samples (two servers' latencies at one rate: not paired, so
     each is resampled on its own), with a seeded percentile-bootstrap
-    interval and the verdict (stats.verdict)."""
+    interval and the verdict (stats.verdict).
+
+    groups_a / groups_b (one label per value, e.g. the request of each
+    inter-token gap): resample whole groups instead of single values (a
+    cluster bootstrap), so values that are not independent (a request's gaps
+    share its steps and its neighbours) are not counted as independent
+    evidence; the interval is then over requests, and `n_a` / `n_b` count
+    groups."""
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if len(a) < 2 or len(b) < 2:
-        return {"ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
-                "verdict": "no clear difference", "n_a": len(a), "n_b": len(b)}
+    ga = None if groups_a is None else np.asarray(groups_a)
+    gb = None if groups_b is None else np.asarray(groups_b)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    a, b = a[fa], b[fb]
+    ga = None if ga is None else ga[fa]
+    gb = None if gb is None else gb[fb]
     rng = np.random.default_rng(seed)
-    pa = np.percentile(a[rng.integers(0, len(a), size=(n_boot, len(a)))], q, axis=1)
-    pb = np.percentile(b[rng.integers(0, len(b), size=(n_boot, len(b)))], q, axis=1)
+    pa, na = _boot_percentiles(a, ga, q, n_boot, rng)
+    pb, nb = _boot_percentiles(b, gb, q, n_boot, rng)
+    if pa is None or pb is None:
+        return {"ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
+                "verdict": "no clear difference", "n_a": na, "n_b": nb}
     with np.errstate(divide="ignore", invalid="ignore"):
         r = pb / pa
     r = r[np.isfinite(r)]
     lo, hi = np.quantile(r, [(1 - ci) / 2, 1 - (1 - ci) / 2]) if len(r) else (float("nan"), float("nan"))
     est = float(np.percentile(b, q) / np.percentile(a, q)) if np.percentile(a, q) > 0 else float("nan")
     return {"ratio": est, "ci_low": float(lo), "ci_high": float(hi), "verdict": verdict(lo, hi, better),
-            "n_a": len(a), "n_b": len(b)}
+            "n_a": na, "n_b": nb}
+
+
+def _boot_percentiles(x: np.ndarray, groups, q: float, n_boot: int, rng) -> tuple:
+    """n_boot bootstrap replicates of percentile(x, q) (numpy's linear interpolation), resampling
+    values, or whole groups of values when `groups` labels them; (None, n) with fewer than 2."""
+    if groups is None:
+        if len(x) < 2:
+            return None, len(x)
+        return np.percentile(x[rng.integers(0, len(x), size=(n_boot, len(x)))], q, axis=1), len(x)
+    _, gid = np.unique(groups, return_inverse=True)
+    n_g = int(gid.max()) + 1 if len(gid) else 0
+    if n_g < 2:
+        return None, n_g
+    order = np.argsort(x, kind="stable")
+    xs, gs = x[order], gid[order]
+    out = np.empty(n_boot)
+    for k in range(n_boot):
+        # a replicate takes each group as many times as it was drawn: the percentile of that
+        # multiset, from the cumulative counts over the sorted values
+        w = np.bincount(rng.integers(0, n_g, size=n_g), minlength=n_g)[gs]
+        cum = np.cumsum(w)
+        n = int(cum[-1])
+        if n == 0:
+            out[k] = np.nan
+            continue
+        pos = q / 100.0 * (n - 1)
+        lo = int(np.floor(pos))
+        hi = min(lo + 1, n - 1)
+        v_lo = xs[np.searchsorted(cum, lo, side="right")]
+        v_hi = xs[np.searchsorted(cum, hi, side="right")]
+        out[k] = v_lo + (pos - lo) * (v_hi - v_lo)
+    return out, n_g
 
 
 def max_rate_meeting(table: pd.DataFrame, server: str, bounds: dict, min_sustained: float = 0.8) -> float:

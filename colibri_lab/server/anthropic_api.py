@@ -287,6 +287,8 @@ def _stream(ctx, gen, mid, model, tm, n_prompt) -> None:
         if st.state == "text":
             open_text()
         ev("ping", {})
+        if st.state == "text":   # no tools: a token's event is its text alone, the scheduler thread writes it
+            gen.write_tokens_directly(0, _delta_bytes(block["index"]), ctx.try_write)
 
         def on_event(i, e):
             if "error" in e:
@@ -326,6 +328,20 @@ def _stream(ctx, gen, mid, model, tm, n_prompt) -> None:
             ctx.sse(e.anthropic(), event="error")
     except ClientGone:
         gen.cancel()
+
+
+_MARK = "\x00text\x00"
+
+
+def _delta_bytes(index: int):
+    """text -> the SSE bytes of its content_block_delta event, character for character what
+    ctx.sse writes for it, from a serialisation made once (one string escape per token)."""
+    obj = {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": _MARK}}
+    head, _, tail = json.dumps(obj, ensure_ascii=False).rpartition(json.encoder.encode_basestring(_MARK))
+    head = "event: content_block_delta\ndata: " + head
+    tail += "\n\n"
+    esc = json.encoder.encode_basestring
+    return lambda text: (head + esc(text) + tail).encode("utf-8", "backslashreplace")
 
 
 class _Abort(Exception):
