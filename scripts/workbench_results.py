@@ -100,6 +100,10 @@ NOTES = {
     "20261202-001540": "`colibri-lab run` took the package of the worktree (fd60775 plus the uncommitted "
                        "share_scheduling_group change to experiments/servers.py, which this experiment does not "
                        "use): the dirty flag. The engine is 25d2856's.",
+    "20261202-180657": "Commit 1152d27 is 5aa2ee3 after it was rebased onto main (the same server, spec and "
+                       "notebook). AMD EPYC Zen 4 (earlier serving runs: Zen 5, not comparable). 4 repeats, 48 "
+                       "requests per server and rate; ITL p99 intervals by a bootstrap over requests (each with "
+                       "all its gaps). The first blocks (0.25 req/s) ran at load ~5. docs/bench/serve.md run 4.",
     "20261202-073624": "Commit 32c3ce1 is 88261d4 before it was rebased onto main (the same engine, spec and "
                        "notebook). `colibri` is ours at default flags, which since this commit means a row budget "
                        "of 3 rows per thread (6 here) for a step in which streams decode; `colibri chunk 4` the same "
