@@ -100,7 +100,7 @@ NOTES = {
     "20261202-001540": "`colibri-lab run` took the package of the worktree (fd60775 plus the uncommitted "
                        "share_scheduling_group change to experiments/servers.py, which this experiment does not "
                        "use): the dirty flag. The engine is 25d2856's.",
-    "20261202-180657": "Commit 1152d27 is 5aa2ee3 after it was rebased onto main (the same server, spec and "
+    "20261202-180657": "Commit 1152d27 is 7a1a2bc after it was rebased onto main (the same server, spec and "
                        "notebook). AMD EPYC Zen 4 (earlier serving runs: Zen 5, not comparable). 4 repeats, 48 "
                        "requests per server and rate; ITL p99 intervals by a bootstrap over requests (each with "
                        "all its gaps). The first blocks (0.25 req/s) ran at load ~5. docs/bench/serve.md run 4.",
