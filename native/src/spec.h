@@ -142,6 +142,7 @@ typedef struct {
     int             n_slots, n_ctx;
     cb_draft_job   *djobs;           /* [n_slots] the drafter's jobs of one call */
     int32_t        *dout;            /* [n_slots x CB_XDRAFT_MAX] their drafted tokens */
+    int32_t        *tail_ids;        /* [CB_XTAIL] a slot's tail in the drafter's vocabulary */
 } cb_xdrafter;
 
 /* The draft model's KV holds n_ctx_d positions per slot (a text takes more
