@@ -118,7 +118,7 @@ int  cb_vocab_check(const cb_model *target, const cb_model *draft, char *err, si
  * keeps the target's distribution (spec.h's header comment). */
 
 #define CB_XTAIL      2048  /* bytes of undecided text a slot may hold */
-#define CB_XDRAFT_MAX 40    /* drafter tokens per draft (covers the tail and k target tokens) */
+#define CB_XDRAFT_MAX 40    /* drafter tokens per draft (k target tokens take k + 1) */
 
 typedef struct {
     int32_t *tgt;      /* [n_ctx] target tokens turned into text so far */
