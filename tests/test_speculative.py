@@ -526,3 +526,25 @@ def test_spec_summary_uses_vllm_names():
     assert s["acceptance_rate_per_pos"] == [0.75, 0.5, 0.25, 0.0]
     assert s["conditional_acceptance_per_pos"] == [0.75, 2 / 3, 0.5, 0.0]
     assert s["draft_time_share"] == 0.05
+
+
+@pytest.mark.realmodels
+def test_cross_vocabulary_drafts_after_a_history_that_ends_mid_word(real_model, smollm2_path):
+    """The undecided tail of the history (here a prompt that stops inside a word) is fed to the drafter as its
+    canonical tokens in the catch-up forward; the draft continues the word from there.  On copied text the
+    drafts are accepted, and the output is plain greedy's."""
+    from colibri_lab.tokenizer import Tokenizer
+
+    q15 = _engine.Model(str(real_model("qwen2.5-coder-1.5b")))
+    tok = Tokenizer.from_metadata(q15.metadata())
+    text = "numbers = [1, 2, 3]\ntotal = sum(numbers)\nprint(total)\n" * 3 + "numbers = [1, 2, 3]\ntotal = su"
+    prompt = tok.encode(text, add_special=False)
+    kw = dict(n_slots=1, n_ctx=512, n_threads=2)
+    ref = run_all(_engine.Engine(q15, **kw), [(prompt, dict(max_tokens=24, ignore_eos=True))])
+    core = _engine.Engine(q15, xdraft_model=_engine.Model(smollm2_path), **kw)
+    spec = {"sources": ["cross_vocab"], "k_max": 4, "adaptive": False}
+    res = run_all(core, [(prompt, dict(max_tokens=24, ignore_eos=True, speculative=spec))])
+    assert res[0]["error"] is None and res[0]["tokens"] == ref[0]["tokens"]
+    m = res[0]["metrics"]
+    assert m["draft_n"] > 0 and m["draft_accepted"] >= 0.5 * m["draft_n"], m
+    assert m["draft_accepted_by_pos"][0] >= 0.5 * m["draft_steps"], m
