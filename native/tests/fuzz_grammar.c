@@ -94,7 +94,9 @@ static const char *run_one(const uint8_t *data, size_t size) {
     }
     fz_stats[0]++;
     enum { W = (FZ_NTOK + 31) / 32 };
-    uint32_t mask[W], again[W], bm[W];
+    /* zeroed: the matcher writes only its vocabulary's words (fz_n < FZ_NTOK),
+     * and the checks below read all W */
+    uint32_t mask[W] = {0}, again[W] = {0}, bm[W] = {0};
     uint64_t seed = 1469598103934665603ull;
     for (size_t i = 0; i < size; i++) seed = (seed ^ data[i]) * 1099511628211ull;
     fz_rng = seed | 1;
