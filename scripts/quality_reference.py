@@ -39,11 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import bench_quality as bq  # noqa: E402
-
-
-def kl_rows(lp_ref: np.ndarray, lp: np.ndarray) -> np.ndarray:
-    """KL(ref || x) per row from two log-softmax arrays."""
-    return np.sum(np.exp(lp_ref) * (lp_ref - lp), axis=1)
+from colibri_lab.experiments.numerics import kl_rows  # noqa: E402
 
 
 def reference_logits(path: Path, ids: list, dtype: str) -> np.ndarray:
