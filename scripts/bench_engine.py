@@ -95,10 +95,18 @@ def bootstrap_ratio(pairs, n_boot=2000, seed=0):
 
 # ------------------------------------------------------------ llama.cpp
 
+# --llama-extra-bufts: llama.cpp's default model params (its CPU weight
+# repacking on).  Off by default (the AMX crash below); on AMD CPUs, which
+# have no AMX buffer type, the default params load.
+LLAMA_EXTRA_BUFTS = False
+
+
 class LlamaCpp:
     """Minimal low-level llama.cpp driver: one context, explicit batches."""
 
-    def __init__(self, path, n_threads, n_ctx, n_seq_max=1, n_batch=512, extra_bufts=False):
+    def __init__(self, path, n_threads, n_ctx, n_seq_max=1, n_batch=512, extra_bufts=None):
+        if extra_bufts is None:
+            extra_bufts = LLAMA_EXTRA_BUFTS
         import llama_cpp as L
         self.L = L
         L.llama_backend_init()
@@ -549,7 +557,8 @@ def fmt(x, nd=1):
 
 def print_report(res, mach):
     print(f"\nmachine: {mach['cpu']}, {mach['cores']} cores, simd {mach['simd']}, commit {mach['commit'][:12]}, "
-          f"{mach['date']}, load {mach['loadavg_start']} -> {mach.get('loadavg_end')}")
+          f"{mach['date']}, load {mach['loadavg_start']} -> {mach.get('loadavg_end')}, "
+          f"llama.cpp use_extra_bufts {LLAMA_EXTRA_BUFTS}")
     print(f"{'measurement':48s} {'ours (min..max)':>24s} {'llama.cpp (min..max)':>24s} {'ratio [95% CI]':>20s}")
     for r in res:
         if "ratio" in r:
@@ -615,8 +624,13 @@ def main(argv=None):
     ap.add_argument("--agree-tokens", type=int, default=64)
     ap.add_argument("--memory-ctx", type=int, default=2048)
     ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--llama-extra-bufts", action="store_true",
+                    help="open the model with llama.cpp's default use_extra_bufts (CPU weight repacking on; "
+                         "crashes where llama.cpp picks its AMX buffer)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global LLAMA_EXTRA_BUFTS
+    LLAMA_EXTRA_BUFTS = args.llama_extra_bufts
 
     if args.memory_child:
         memory_child(args.memory_child, args.model, args.memory_ctx, 1)
