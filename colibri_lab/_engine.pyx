@@ -74,6 +74,7 @@ cdef extern from "colibri.h" nogil:
 
     ctypedef struct cb_engine_params:
         int n_slots, n_ctx, n_threads, n_batch, n_chunk, simd, prefix_reuse, kv_f16
+        float prompt_slack
         const cb_model *draft_model
         const cb_model *xdraft_model
         int layer_skip
@@ -630,7 +631,7 @@ cdef class Engine:
 
     def __init__(self, Model model not None, int n_slots=1, int n_ctx=0, int n_threads=0, int n_batch=0,
                  int n_chunk=0, simd="auto", prefix_reuse=True, Model draft_model=None, layer_skip=False,
-                 skip_layers=None, kv_f16=True, Model xdraft_model=None):
+                 skip_layers=None, kv_f16=True, Model xdraft_model=None, prompt_slack=None):
         model._check()
         cdef cb_engine_params p = cb_engine_default_params()
         cdef cnp.ndarray[cnp.int32_t, ndim=1] skip = np.asarray(list(skip_layers or []), dtype=np.int32)
@@ -652,6 +653,8 @@ cdef class Engine:
         p.n_threads = n_threads
         p.n_batch = n_batch
         p.n_chunk = n_chunk
+        if prompt_slack is not None:   # None: the C default (cb_engine_default_params)
+            p.prompt_slack = float(prompt_slack)
         p.simd = _simd_level(simd)
         if p.simd > cb_simd_detect():
             raise errors.InvalidRequestError(f"SIMD level {simd!r} is not available on this CPU (it has {simd_available()})")
@@ -707,7 +710,7 @@ cdef class Engine:
         names = {CB_SIMD_SCALAR: "scalar", CB_SIMD_AVX2: "avx2", CB_SIMD_AVX512: "avx512"}
         return dict(n_slots=p.n_slots, n_ctx=p.n_ctx, n_threads=p.n_threads, n_batch=p.n_batch,
                     n_chunk=p.n_chunk, simd=names.get(p.simd, str(p.simd)), prefix_reuse=bool(p.prefix_reuse),
-                    kv_f16=bool(p.kv_f16))
+                    kv_f16=bool(p.kv_f16), prompt_slack=float(p.prompt_slack))
 
     @property
     def kv_bytes(self):

@@ -103,7 +103,7 @@ class Engine:
                  n_batch: int = 0, n_chunk: int = 0, simd: str = "auto", prefix_reuse: bool = True,
                  max_queue: int = 256, draft_model: str | None = None, layer_skip: bool = False,
                  skip_layers=None, kv_f16: bool = True, cross_vocab_draft: str | None = None,
-                 lenient: bool = False):
+                 lenient: bool = False, prompt_slack: float | None = None):
         self.model_path = models.resolve(model)
         self.model_name = str(model)
         self.model = _engine.Model(str(self.model_path))
@@ -124,7 +124,8 @@ class Engine:
         self.core = _engine.Engine(self.model, n_slots=n_slots, n_ctx=min(n_ctx, max(2, self.info["n_ctx_train"])),
                                    n_threads=n_threads, n_batch=n_batch, n_chunk=n_chunk, simd=simd,
                                    prefix_reuse=prefix_reuse, draft_model=self.draft, layer_skip=layer_skip,
-                                   skip_layers=skip_layers, kv_f16=kv_f16, xdraft_model=self.cross_draft)
+                                   skip_layers=skip_layers, kv_f16=kv_f16, xdraft_model=self.cross_draft,
+                                   prompt_slack=prompt_slack)
         self.params = self.core.params
         self.scheduler = Scheduler(self.core, max_queue=max_queue)
         self._grammars: collections.OrderedDict[str, _engine.Grammar] = collections.OrderedDict()

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "first, new prompts share the rest (at least a quarter of it), so a prompt is spread over "
                         "several steps and no stream waits for a whole prefill between two tokens; a step with "
                         "nothing decoding prefills at full width")
+    p.add_argument("--prompt-slack", type=float, default=None,
+                   help="while streams decode, a step takes the most prompt rows whose measured step time is within "
+                        "(1 + this) x a decode-only step (default 0.25; < 0: the --chunk budget alone)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429 (default 256)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; '*' = any)")
@@ -119,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         from colibri_lab.errors import ColibriError
         try:
             engine = Engine(args.model, n_threads=args.threads, n_ctx=args.ctx, n_slots=args.slots,
-                            n_chunk=args.chunk, simd=args.simd, max_queue=args.max_queue)
+                            n_chunk=args.chunk, simd=args.simd, max_queue=args.max_queue,
+                            prompt_slack=args.prompt_slack)
         except ColibriError as e:
             print(f"colibri-lab serve: cannot load model: {e}", file=sys.stderr)
             return 2

@@ -262,7 +262,7 @@ def test_n_chunk_is_the_row_budget_of_steps_with_decoding(model):
     decoding prefills at full width.  The logits stay those of a lone run (batch invariance)."""
     n_vocab = model.n_vocab
     first, a, b = _prompts(3, n_vocab, 20, 21, seed=21)
-    core = _engine.Engine(model, n_slots=4, n_ctx=128, n_threads=1, n_chunk=5)
+    core = _engine.Engine(model, n_slots=4, n_ctx=128, n_threads=1, n_chunk=5, prompt_slack=-1)
     core.submit(first, max_tokens=40, ignore_eos=True)
     core.step()
     assert core.last_step()["rows_prefill"] == 20          # nothing decoded yet: the whole prompt in one step
@@ -287,7 +287,7 @@ def test_prompts_progress_when_the_decode_rows_fill_the_budget(model):
     """With as many streams decoding as n_chunk, a prompt still gets a quarter of the budget a step."""
     n_vocab = model.n_vocab
     ps = _prompts(5, n_vocab, 12, 13, seed=5)
-    core = _engine.Engine(model, n_slots=5, n_ctx=128, n_threads=1, n_chunk=4)
+    core = _engine.Engine(model, n_slots=5, n_ctx=128, n_threads=1, n_chunk=4, prompt_slack=-1)
     for p in ps[:4]:
         core.submit(p, max_tokens=40, ignore_eos=True)
     core.step()
@@ -298,6 +298,51 @@ def test_prompts_progress_when_the_decode_rows_fill_the_budget(model):
     ref = run_requests(_engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1),
                        [(ps[4], dict(max_tokens=1, ignore_eos=True))])[0]
     assert np.array_equal(ref["logits"][0], logits[rid][0])
+
+
+def _two_prompts_beside_a_stream(model, **kw):
+    n_vocab = model.n_vocab
+    first, a, b = _prompts(3, n_vocab, 20, 21, seed=21)
+    core = _engine.Engine(model, n_slots=4, n_ctx=128, n_threads=1, n_chunk=5, **kw)
+    core.submit(first, max_tokens=60, ignore_eos=True)
+    for _ in range(12):   # the stream decodes: steps of 1 row measured, and the prefill's
+        core.step()
+    ids = [core.submit(p, max_tokens=3, ignore_eos=True, return_logits=True) for p in (a, b)]
+    steps, logits = _prompt_rows_by_step(core, ids, {i: 20 for i in ids})
+    return steps, [logits[i][0] for i in ids], (a, b)
+
+
+@pytest.mark.parametrize("slack", [-1.0, 1000.0])
+def test_prompt_slack_off_or_wide_keeps_the_n_chunk_budget(model, slack):
+    """prompt_slack < 0 is off, and a slack every step fits in cuts nothing: the n_chunk budget exactly."""
+    steps, _, _ = _two_prompts_beside_a_stream(model, prompt_slack=slack)
+    for d, p, before in steps:
+        assert p == min(before, max(5 - d, 2)), steps
+
+
+@pytest.mark.parametrize("slack", [0.0, 0.25])
+def test_prompt_slack_cuts_within_the_budget_and_keeps_the_logits(model, slack):
+    """With the slack on, the prompt rows beside decode rows follow the measured step times: never more
+    than the n_chunk budget, at least one a step (prompts progress), and the first logits are those of a
+    lone run (batch invariance holds whatever the composition)."""
+    steps, first_logits, prompts = _two_prompts_beside_a_stream(model, prompt_slack=slack)
+    for d, p, before in steps:
+        assert d >= 1
+        assert 1 <= p <= min(before, max(5 - d, 2)), steps
+    assert sum(p for _, p, _ in steps) == 40
+    alone = _engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1)
+    for got, prompt in zip(first_logits, prompts):
+        ref = run_requests(alone, [(prompt, dict(max_tokens=2, ignore_eos=True))])[0]
+        assert np.array_equal(ref["logits"][0], got)
+
+
+def test_prompt_slack_default_and_bounds(model):
+    core = _engine.Engine(model, n_slots=1, n_ctx=64, n_threads=1)
+    assert core.params["prompt_slack"] == pytest.approx(0.25)
+    assert _engine.Engine(model, n_slots=1, n_ctx=64, n_threads=1, prompt_slack=-1).params["prompt_slack"] == -1
+    for bad in (float("nan"), 2000.0):
+        with pytest.raises(Exception, match="prompt_slack"):
+            _engine.Engine(model, n_slots=1, n_ctx=64, n_threads=1, prompt_slack=bad)
 
 
 def test_n_chunk_default_is_three_rows_per_thread(model):

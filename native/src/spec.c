@@ -706,6 +706,28 @@ static void step_times(const cb_spec_policy *p, int base_rows, int k_max, double
     }
 }
 
+int cb_spec_prompt_rows(const cb_spec_policy *p, int rows_decode, int max_rows, double slack) {
+    if (!p || max_rows < 1 || !(slack >= 0) || rows_decode < 1 || rows_decode >= CB_COST_BUCKETS) return 0;
+    if (p->step_n[rows_decode] == 0) return 0;
+    int top = rows_decode + max_rows < CB_COST_BUCKETS ? max_rows : CB_COST_BUCKETS - rows_decode;
+    int larger = 0;
+    for (int r = rows_decode + 1; r <= CB_COST_BUCKETS && !larger; r++) larger = p->step_n[r] > 0;
+    if (!larger) return 0;
+    /* sizes not measured yet take what the measured ones around them
+     * suggest (step_time_raw), so a count is tried, then known */
+    double base = step_time_raw(p, rows_decode), limit = (1.0 + slack) * base;
+    int fit = 0, cheapest = 0;
+    double best = 0;
+    for (int k = 1; k <= top; k++) {
+        double t = step_time_raw(p, rows_decode + k);
+        if (!(t > 0)) continue;
+        if (t <= limit) fit = k;
+        double per_row = (t - base) / k;
+        if (cheapest == 0 || per_row < best) { cheapest = k; best = per_row; }
+    }
+    return fit > 0 ? fit : cheapest;
+}
+
 /* Acceptance estimates of a class by position: a position no verification
  * has reached yet takes the estimate of the one before it (a copy that held
  * so far is likely to hold on), position 0 the prior. */

@@ -256,6 +256,17 @@ void cb_spec_policy_record_class(cb_spec_policy *p, int source_bit, int cls, int
 void cb_spec_policy_record(cb_spec_policy *p, int source_bit, int n, int a);
 /* Record the time of a step of `rows` rows (forward and sampling, drafting excluded). */
 void cb_spec_policy_step(cb_spec_policy *p, int rows, double ms);
+/* Prompt rows to put in a step that already has rows_decode decode rows
+ * (drafts included), at most max_rows, from the measured step times: the
+ * largest count whose step costs at most (1 + slack) x a step of the decode
+ * rows alone, so that a stream's token gap beside a prompt stays within the
+ * slack of a plain decode step.  Where not even one prompt row fits, the
+ * count that adds the least step time per prompt row (the fewest rows on
+ * ties), so that prompts still progress.  0 while it cannot tell (no step of
+ * rows_decode rows, or none larger, measured yet; rows_decode outside
+ * 1..CB_COST_BUCKETS-1; max_rows < 1; slack < 0): the caller keeps its own
+ * budget. */
+int  cb_spec_prompt_rows(const cb_spec_policy *p, int rows_decode, int max_rows, double slack);
 /* Bit index (0..3) of a single cb_spec_source flag. */
 int  cb_spec_bit(int source);
 

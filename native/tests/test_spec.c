@@ -8,7 +8,9 @@
  * naive reference.  Policy: the depth it chooses follows the measured cost
  * per verify size (a cheaper verify buys a deeper draft), one slow step does
  * not rule a size out, unprofitable classes are skipped but probed, and an
- * accepted copy drafts deeper than it has been verified so far.
+ * accepted copy drafts deeper than it has been verified so far.  Prompt rows
+ * beside decode rows: the most whose measured step stays within the slack of
+ * a decode-only step, else the count that adds the least time per prompt row.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -359,6 +361,74 @@ static void test_policy_class_per_request(void) {
     CHECK(bad.cls_tried[0][0] == 0);
 }
 
+static void feed_steps(cb_spec_policy *p, const double *ms, int n_rows) {
+    for (int rep = 0; rep < 5; rep++)
+        for (int r = 1; r <= n_rows; r++)
+            if (ms[r] > 0) cb_spec_policy_step(p, r, ms[r]);
+}
+
+/* Prompt rows for a step that has decode rows, from synthetic step times. */
+static void test_prompt_rows(void) {
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    /* nothing measured, or only the decode rows' size: the caller's budget stands */
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 0.25) == 0);
+    cb_spec_policy_step(&p, 1, 10.0);
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 0.25) == 0);
+    cb_spec_policy_step(&p, 6, 20.0);
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 0.25) > 0);
+
+    /* streaming up to 4 rows, then each row dearer: within 25% of the 1-row step up to 4 rows (3 prompt rows) */
+    static const double flat[] = { 0, 10, 10.5, 11, 11.5, 12.8, 14, 16, 18, 20, 22, 24, 26 };
+    cb_spec_policy_init(&p);
+    feed_steps(&p, flat, 12);
+    CHECK_MSG(cb_spec_prompt_rows(&p, 1, 5, 0.25) == 3, "got %d", cb_spec_prompt_rows(&p, 1, 5, 0.25));
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 0.10) == 2);   /* 3 rows: 11 ms <= 1.1 x 10 */
+    CHECK(cb_spec_prompt_rows(&p, 1, 2, 0.25) == 2);   /* at most max_rows */
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 1.0) == 5);    /* 6 rows: 14 ms <= 2 x 10 */
+    CHECK(cb_spec_prompt_rows(&p, 4, 8, 0.25) == 2);   /* 4 rows 11.5: up to 14.375, 6 rows */
+    /* once a row fits, a larger slack never gives fewer rows */
+    for (int d = 1; d <= 6; d++)
+        for (int i = 0; i < 20; i++)
+            if (flat[d + 1] <= (1 + 0.05 * i) * flat[d])
+                CHECK(cb_spec_prompt_rows(&p, d, 6, 0.05 * (i + 1)) >= cb_spec_prompt_rows(&p, d, 6, 0.05 * i));
+    /* 4 decode rows, slack 5%: not one row fits (12.8 > 12.075); 2 rows add 1.25 ms a row, 1 row 1.3 */
+    CHECK(cb_spec_prompt_rows(&p, 4, 6, 0.05) == 2);
+
+    /* row tiles: 3 rows dearer than 4; the largest count that fits, past one that does not */
+    static const double tiled[] = { 0, 10, 10.5, 15, 11, 20, 22, 25, 16 };
+    cb_spec_policy_init(&p);
+    feed_steps(&p, tiled, 8);
+    CHECK(cb_spec_prompt_rows(&p, 1, 6, 0.25) == 3);
+
+    /* no prompt row fits: the count that adds the least per prompt row (+10, +9, +7.7, +6.5, +7 ms a row) */
+    static const double steep[] = { 0, 10, 20, 28, 33, 36, 45 };
+    cb_spec_policy_init(&p);
+    feed_steps(&p, steep, 6);
+    CHECK_MSG(cb_spec_prompt_rows(&p, 1, 5, 0.25) == 4, "got %d", cb_spec_prompt_rows(&p, 1, 5, 0.25));
+    CHECK(cb_spec_prompt_rows(&p, 1, 3, 0.25) == 3);
+    /* linear cost, every count alike per row: the fewest rows */
+    static const double linear[] = { 0, 10, 20, 30, 40, 50, 60 };
+    cb_spec_policy_init(&p);
+    feed_steps(&p, linear, 6);
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 0.25) == 1);
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 1.0) == 1);   /* 2 rows: 20 ms <= 2 x 10 */
+    CHECK(cb_spec_prompt_rows(&p, 1, 5, 2.0) == 2);
+
+    /* sizes not measured take the interpolation of the measured ones: 1 and 9 rows measured, 10 -> 18 ms */
+    cb_spec_policy_init(&p);
+    for (int rep = 0; rep < 5; rep++) { cb_spec_policy_step(&p, 1, 10.0); cb_spec_policy_step(&p, 9, 18.0); }
+    CHECK(cb_spec_prompt_rows(&p, 1, 8, 0.25) == 2);   /* 3 rows ~12 ms, 4 rows ~13 ms */
+
+    /* off or out of range: 0 */
+    CHECK(cb_spec_prompt_rows(&p, 1, 8, -1.0) == 0);
+    CHECK(cb_spec_prompt_rows(&p, 1, 8, 0.0 / 0.0) == 0);
+    CHECK(cb_spec_prompt_rows(&p, 0, 8, 0.25) == 0);
+    CHECK(cb_spec_prompt_rows(&p, 1, 0, 0.25) == 0);
+    CHECK(cb_spec_prompt_rows(&p, CB_COST_BUCKETS, 8, 0.25) == 0);
+    CHECK(cb_spec_prompt_rows(NULL, 1, 8, 0.25) == 0);
+}
+
 int main(void) {
     test_lookup_cases();
     test_lookup_random();
@@ -371,5 +441,6 @@ int main(void) {
     test_policy_plan_per_request();
     test_policy_extension();
     test_policy_class_per_request();
+    test_prompt_rows();
     return cb_test_report("test_spec");
 }
