@@ -218,10 +218,10 @@ def generations(monkeypatch):
     seen = []
     orig = gen.Generation.write_tokens_directly
 
-    def record(self, *a):
+    def record(self, *a, **kw):
         if self not in seen:
             seen.append(self)
-        return orig(self, *a)
+        return orig(self, *a, **kw)
     monkeypatch.setattr(gen.Generation, "write_tokens_directly", record)
     return seen
 
@@ -241,6 +241,52 @@ def test_plain_streams_are_written_from_the_scheduler_thread(server, engine, gen
                                                     "temperature": 0})
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in evs if e["choices"]) == want.text
     assert len(generations) == 2 and generations[1].n_direct > 0
+
+
+def _output_text(final: dict) -> str:
+    return "".join(c["text"] for item in final["response"]["output"] if item["type"] == "message"
+                   for c in item["content"] if c["type"] == "output_text")
+
+
+def _responses_stream(server, prompt, n):
+    st, h, data = raw(server, "POST", "/v1/responses", {"model": "smollm2", "input": prompt, "max_output_tokens": n,
+                                                         "temperature": 0, "stream": True})
+    assert st == 200 and h["content-type"].startswith("text/event-stream")
+    evs = [(k, json.loads(d)) for k, d in sse_events(data)]
+    assert all(k == e["type"] for k, e in evs)
+    assert [e["sequence_number"] for _, e in evs] == list(range(len(evs)))
+    return [e for _, e in evs]
+
+
+@pytest.mark.smollm2
+def test_responses_text_deltas_are_written_from_the_scheduler_thread(server, engine, generations):
+    prompt = "Once upon a time"
+    want = engine.chat([{"role": "user", "content": prompt}], max_tokens=20, temperature=0)
+    evs = _responses_stream(server, prompt, 20)
+    deltas = [e["delta"] for e in evs if e["type"] == "response.output_text.delta"]
+    assert "".join(deltas) == want.text
+    done = next(e for e in evs if e["type"] == "response.output_text.done")
+    assert done["text"] == want.text and _output_text(evs[-1]) == want.text
+    assert len(generations) == 1 and 0 < generations[0].n_direct <= len(deltas)
+
+
+@pytest.mark.smollm2
+def test_responses_deltas_the_socket_refused_go_out_in_order(server, engine, generations, monkeypatch):
+    """try_write refuses from the third token on: the bytes already built (with their sequence
+    numbers) go through the queue and the HTTP thread writes them; numbering stays contiguous."""
+    from colibri_lab.server.http import Handler
+    orig, calls = Handler.try_write, [0]
+
+    def refuse_later(self, data):
+        calls[0] += 1
+        return orig(self, data) if calls[0] <= 2 else False
+    monkeypatch.setattr(Handler, "try_write", refuse_later)
+    prompt = "Once upon a time"
+    want = engine.chat([{"role": "user", "content": prompt}], max_tokens=20, temperature=0)
+    evs = _responses_stream(server, prompt, 20)
+    assert "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta") == want.text
+    assert _output_text(evs[-1]) == want.text
+    assert generations[0].n_direct == 2
 
 
 def test_try_write_never_blocks_and_the_rest_goes_out_first():

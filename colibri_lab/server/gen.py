@@ -11,8 +11,9 @@ comments and notice a client that went away between tokens; `cancel()` stops
 every choice.  The sink records a finished request's metrics exactly once,
 whether or not the client is still there.
 
-A plain stream's tokens (no logprobs, no tool-call buffering) skip the queue:
-the scheduler thread writes their chunks itself (`write_tokens_directly`),
+A plain stream's tokens (no logprobs, no tool-call buffering; chat and legacy
+completions, Anthropic messages and Responses alike) skip the queue: the
+scheduler thread writes their chunks itself (`write_tokens_directly`),
 and it does so once every event of the step has been handed out, all
 streams' writes back to back (`Scheduler.after_step`).  On 2 shared cores a
 write that wakes a client that has gone back to sleep costs ~100 us of the
@@ -90,6 +91,7 @@ class Generation:
         self._direct: dict[int, Callable[[str], bytes]] = {}
         self._direct_on: set[int] = set()
         self._try_write: Callable[[bytes], bool] | None = None
+        self._stateful: set[int] = set()   # choices whose built-but-unwritten bytes must be written as built
         self.n_direct = 0   # tokens whose chunk went out from the scheduler thread
         self._step_events: list = []    # this step's events, until the scheduler's after_step (_prepare)
         self._ready: list = []   # prepared (index, event, piece, bytes), until _commit
@@ -113,15 +115,21 @@ class Generation:
             self.cancel()   # what was submitted still finishes in the engine, and its sink records it
             raise map_engine_error(e) from e
 
-    def write_tokens_directly(self, index: int, chunk_of: Callable[[str], bytes], try_write) -> None:
+    def write_tokens_directly(self, index: int, chunk_of: Callable[[str], bytes], try_write,
+                              stateful: bool = False) -> None:
         """Let the scheduler thread write choice `index`'s token chunks itself (`chunk_of(text)` ->
         the SSE bytes, `try_write(bytes)` -> False when it cannot write now), for a choice whose
         token pieces need nothing but their text (no logprobs, no tool-call buffering).  It starts
         once this thread has written everything queued before; a token that cannot be written goes
         through the queue as before, and so does every later one until the queue is empty again.
+        With `stateful` (a stream whose chunks carry state, a Responses event's sequence_number),
+        a token whose bytes were built but not written arrives with them (its piece's "data",
+        never merged with another piece) and the HTTP thread writes them as built.
         The HTTP thread is then woken for the end of the request, not for each token."""
         self._try_write = try_write
         self._direct[index] = chunk_of
+        if stateful:
+            self._stateful.add(index)
 
     def _sink(self, index: int, ev: dict) -> None:
         """On the scheduler thread: record a finished request at once; hold the event until every
@@ -171,6 +179,8 @@ class Generation:
                         self.n_direct += 1
                         continue
                 self._direct_on.discard(index)
+                if data and piece is not None and index in self._stateful:   # the HTTP thread writes them
+                    piece["data"] = data
                 self.q.put((index, ev, piece))
 
     def _decode(self, index: int, ev: dict) -> dict:
@@ -207,7 +217,7 @@ class Generation:
             if piece is None:   # not decoded yet (the scheduler thread did when it tried to write it)
                 piece = self._decode(idx, ev)
             j = open_tok.get(idx)
-            if "tokens" in piece and j is not None:
+            if "tokens" in piece and j is not None and "data" not in piece and "data" not in out[j][1]:
                 merged = out[j][1]
                 merged["text"] += piece["text"]
                 merged["tokens"] += piece["tokens"]

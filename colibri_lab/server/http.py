@@ -472,6 +472,10 @@ class Handler(BaseHTTPRequestHandler):
         head = f"event: {event}\n" if event else ""
         self._write(f"{head}data: {payload}\n\n".encode("utf-8", "backslashreplace"))
 
+    def write_sse_bytes(self, data: bytes) -> None:
+        """Write SSE events already serialised (a token chunk built for try_write that it could not send)."""
+        self._write(data)
+
     def sse_comment(self, text: str) -> None:
         self._write(f": {text}\n\n".encode())
 

@@ -19,6 +19,10 @@ response.output_text.done, response.content_part.done, or (function call)
 response.function_call_arguments.delta / .done, then
 response.output_item.done; last response.completed (or response.incomplete
 when max_output_tokens cut it).  Every event carries a sequence_number.
+Without tools, the message item opens before the first token and each
+output_text.delta is written by the scheduler thread itself, as chat
+completions and Anthropic messages are (gen.Generation.write_tokens_directly);
+its sequence number is taken when its bytes are built.
 """
 from __future__ import annotations
 
@@ -347,6 +351,14 @@ def _stream(ctx, gen, rid, created, req) -> None:
         ev("response.output_text.delta", item_id=msg["item"]["id"], output_index=msg["index"], content_index=0,
            delta=t, logprobs=[])
 
+    def delta_bytes(t):
+        """On the scheduler thread (write_tokens_directly): the SSE bytes of t's output_text.delta event,
+        what ev() writes for it; the event takes its sequence number and its text joins the message."""
+        data = delta_of(t, seq[0])
+        seq[0] += 1
+        msg["text"] += t
+        return data
+
     def close_message():
         item = msg["item"]
         if item is None:
@@ -365,9 +377,12 @@ def _stream(ctx, gen, rid, created, req) -> None:
         if "error" in e:
             failed.append(e["error"])
             raise _Abort()
-        out = st.feed(e["text"]) if e["text"] else ""
-        if out:
-            text(out)
+        if "data" in e:   # built by delta_bytes on the scheduler thread, not written there
+            ctx.write_sse_bytes(e["data"])
+        else:
+            out = st.feed(e["text"]) if e["text"] else ""
+            if out:
+                text(out)
         if not e.get("done"):
             return
         rest, calls = st.finish()
@@ -397,6 +412,10 @@ def _stream(ctx, gen, rid, created, req) -> None:
         start = _response(rid, created, req, [], None, None, status="in_progress")
         ev("response.created", response=start)
         ev("response.in_progress", response=start)
+        if st.state == "text":   # no tools: a token's event is its text alone, the scheduler thread writes it
+            open_message()
+            delta_of = _delta_bytes(msg["item"]["id"], msg["index"])
+            gen.write_tokens_directly(0, delta_bytes, ctx.try_write, stateful=True)
         try:
             drive(ctx, gen, on_event)
         except _Abort:
@@ -409,6 +428,26 @@ def _stream(ctx, gen, rid, created, req) -> None:
                                                             "message": e.message}))
     except ClientGone:
         gen.cancel()
+
+
+_MARK_TEXT = "\x00text\x00"
+_MARK_SEQ = 987654321987654321
+
+
+def _delta_bytes(item_id: str, index: int):
+    """(text, sequence number) -> the SSE bytes of a response.output_text.delta event, character for
+    character what ctx.sse writes for ev("response.output_text.delta", ...), from a serialisation made
+    once (one string escape per token)."""
+    kind = "response.output_text.delta"
+    obj = {"type": kind, "sequence_number": _MARK_SEQ, "item_id": item_id, "output_index": index,
+           "content_index": 0, "delta": _MARK_TEXT, "logprobs": []}
+    s = json.dumps(obj, ensure_ascii=False)
+    head, _, rest = s.partition(str(_MARK_SEQ))
+    mid, _, tail = rest.partition(json.encoder.encode_basestring(_MARK_TEXT))
+    head = f"event: {kind}\ndata: " + head
+    tail += "\n\n"
+    esc = json.encoder.encode_basestring
+    return lambda text, n: (head + str(n) + mid + esc(text) + tail).encode("utf-8", "backslashreplace")
 
 
 class _Abort(Exception):
