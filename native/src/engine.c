@@ -813,6 +813,10 @@ static int choose_draft(cb_engine *e, cb_request *r, int base_rows, int room, in
         if (!r->spec.adaptive) { best = bit, best_k = k, best_cls = cls; break; }
         if (g > best_g) { best = bit, best_k = k, best_g = g, best_cls = cls; }
     }
+    /* lookup's share of steps saved counts the steps it was there for and
+     * nothing else drafted (a step another source drafts is not lookup's) */
+    int lk = cb_spec_bit(CB_SPEC_LOOKUP);
+    if ((r->spec.sources & CB_SPEC_LOOKUP) && (best < 0 || best == lk)) cb_spec_policy_consider(&e->policy, lk);
     if (best < 0) return 0;
     r->draft_cls = best_cls;
     r->n_draft_model = best_k;

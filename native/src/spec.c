@@ -617,6 +617,20 @@ int cb_lookup_draft_ex(const int32_t *hist, int n, int ngram_min, int ngram_max,
 #define CB_SPEC_EXPLORE 8    /* every 8th decision of a class drafts one deeper than the best depth */
 #define CB_SPEC_PROBE   16   /* every 16th skipped lookup draft of a class is verified at depth 1 */
 #define CB_SPEC_PRIOR   0.5  /* acceptance at position 0 of a class nothing is known about */
+/* A free source (lookup) whose accepted drafts saved less than this share of
+ * the decode steps it was available for, over the last ~CB_SPEC_SAVE_WINDOW
+ * of them, is paused whatever its drafts are priced at.  Why: its price is
+ * the forward-and-sampling time of a verify row, which on a 1.5B model is
+ * ~1% of a step, so a lookup draft with 18% acceptance prices at 1.17 per
+ * offer; offers on open chat are rare, and what the drafts then buy
+ * (measured: 1.7% of the steps on qwen2.5-coder-1.5b, Zen 5) is below what
+ * step timing resolves (the step-time estimates move by several % with the
+ * machine's load) while each verify adds a row every other stream of the
+ * batch waits for.  Paused, a probe of depth 1 every CB_SPEC_PROBE offers
+ * keeps the share measured, so copy-heavy text brings it back (there a
+ * probe accepts ~0.9: 0.9 / 16 > 3%). */
+#define CB_SPEC_MIN_SAVED   0.03
+#define CB_SPEC_SAVE_WINDOW 128
 
 int cb_spec_bit(int source) {
     for (int b = 0; b < CB_SPEC_N_SOURCES; b++) if (source == (1 << b)) return b;
@@ -947,6 +961,20 @@ int cb_spec_policy_k_class(cb_spec_policy *p, int b, int cls, const cb_spec_para
     return cb_spec_policy_k_class_req(p, NULL, b, cls, sp, base_rows, n_avail);
 }
 
+void cb_spec_policy_consider(cb_spec_policy *p, int b) {
+    if (!p || b < 0 || b >= CB_SPEC_N_SOURCES) return;
+    const double keep = 1.0 - 1.0 / CB_SPEC_SAVE_WINDOW;
+    p->save_steps[b] = keep * p->save_steps[b] + 1.0;
+    p->save_tokens[b] *= keep;
+    if (p->save_n[b] < INT64_MAX) p->save_n[b]++;
+}
+
+double cb_spec_policy_saved(const cb_spec_policy *p, int b) {
+    if (!p || b < 0 || b >= CB_SPEC_N_SOURCES || p->save_n[b] < CB_SPEC_SAVE_WINDOW || !(p->save_steps[b] > 0))
+        return -1;
+    return p->save_tokens[b] / p->save_steps[b];
+}
+
 int cb_spec_policy_k_class_req(cb_spec_policy *p, const cb_spec_req *q, int b, int cls, const cb_spec_params *sp,
                                int base_rows, int n_avail) {
     if (b < 0 || b >= CB_SPEC_N_SOURCES || cls < 0 || cls >= CB_SPEC_N_CLASS || n_avail < 1) return 0;
@@ -962,7 +990,8 @@ int cb_spec_policy_k_class_req(cb_spec_policy *p, const cb_spec_req *q, int b, i
     if (lookup_class_drafts(p, b, cls) < CB_SPEC_WARMUP && best_k > 2) best_k = 2;
     c->decisions++;
     st->expected_gain = gain;
-    if (gain < 1.0) {
+    double saved = cb_spec_policy_saved(p, b);
+    if (gain < 1.0 || (saved >= 0 && saved < CB_SPEC_MIN_SAVED)) {
         /* not worth a verify row: skip, but verify one token now and then so
          * the estimate follows the content */
         best_k = ++c->skipped % CB_SPEC_PROBE == 0 ? 1 : 0;
@@ -985,6 +1014,7 @@ void cb_spec_policy_record_class(cb_spec_policy *p, int b, int cls, int n, int a
     st->drafts++;
     st->draft_tokens += n;
     st->accepted_tokens += a;
+    if (a > 0) p->save_tokens[b] += a;
     c->drafts++;
     /* position i was tried only if every earlier draft was accepted, so the
      * rate at i is conditional on reaching it */

@@ -193,6 +193,13 @@ typedef struct {
     double  draft_ms_tok[CB_SPEC_N_SOURCES]; /* smoothed drafting cost per token (ms) */
     double  step_ms[CB_COST_BUCKETS + 1];  /* smoothed step time by batch rows (0 = unknown) */
     int     step_n[CB_COST_BUCKETS + 1];   /* steps measured per bucket */
+    /* What a source saved lately, for the sources whose drafts are free to
+     * make (prompt lookup): decayed counts of the decode steps it was
+     * available for (with no other source drafting) and of the tokens its
+     * drafts had accepted; their ratio is the share of those steps it saved. */
+    double  save_steps[CB_SPEC_N_SOURCES];
+    double  save_tokens[CB_SPEC_N_SOURCES];
+    int64_t save_n[CB_SPEC_N_SOURCES];     /* steps counted (undecayed) */
 } cb_spec_policy;
 
 /* A request's own record of each source: the policy blends it with the
@@ -250,6 +257,14 @@ int  cb_spec_policy_k_ext(const cb_spec_policy *p, const cb_spec_req *q, int sou
  * drafts behind its estimates than the policy trusts): its estimate is the
  * prior, so comparing it with a learned source's would never try it. */
 int  cb_spec_policy_class_learning(const cb_spec_policy *p, int source_bit, int cls);
+/* Count one decode step of a request for which source b (prompt lookup) was
+ * available and no other source drafted, whether or not b found a draft:
+ * the denominator of the share of steps b saved (cb_spec_policy_saved). */
+void cb_spec_policy_consider(cb_spec_policy *p, int source_bit);
+/* Share of the counted decode steps that source b's accepted drafts saved
+ * lately (a decayed window of about CB_SPEC_SAVE_WINDOW steps); -1 until
+ * that many steps are counted. */
+double cb_spec_policy_saved(const cb_spec_policy *p, int source_bit);
 /* Record a verified draft of class `cls`: n proposed, a accepted. */
 void cb_spec_policy_record_class(cb_spec_policy *p, int source_bit, int cls, int n, int a);
 /* Record a verified draft (class 0): n proposed, a accepted. */

@@ -429,6 +429,60 @@ static void test_prompt_rows(void) {
     CHECK(cb_spec_prompt_rows(NULL, 1, 8, 0.25) == 0);
 }
 
+/* A free source whose drafts price above 1 per offer but whose offers are
+ * rare (lookup on open chat) is paused once the share of steps it saved
+ * over the window is below the floor, and comes back when its probes start
+ * saving steps (copy-heavy text). */
+static void test_policy_saving_floor(void) {
+    cb_spec_params sp = { CB_SPEC_LOOKUP, 8, 1, 16, 2 };
+    int b = cb_spec_bit(CB_SPEC_LOOKUP), cls = 1;
+    cb_spec_policy p;
+    cb_spec_policy_init(&p);
+    feed_costs(&p, 40.0, 0.4, 12);     /* a verify row costs 1% of a step */
+    feed_accept(&p, b, cls, 1, 0.18);  /* 18% acceptance at position 0 */
+    CHECK(cb_spec_policy_saved(&p, b) < 0);  /* nothing counted yet */
+    CHECK(cb_spec_policy_k_class_req(&p, NULL, b, cls, &sp, 1, 4) >= 1);  /* priced: it pays per offer */
+    CHECK_MSG(p.st[b].expected_gain > 1.0, "gain %.3f", p.st[b].expected_gain);
+    /* 400 decode steps, an offer every 20th, verified at depth 1 and accepted every 4th time */
+    int offers = 0, drafted = 0;
+    for (int step = 0; step < 400; step++) {
+        cb_spec_policy_consider(&p, b);
+        if (step % 20) continue;
+        offers++;
+        int k = cb_spec_policy_k_class_req(&p, NULL, b, cls, &sp, 1, 4);
+        if (k > 0) { drafted++; cb_spec_policy_record_class(&p, b, cls, 1, offers % 4 == 0); }
+    }
+    double saved = cb_spec_policy_saved(&p, b);
+    CHECK_MSG(saved >= 0 && saved < 0.03, "saved %.4f", saved);
+    /* the gain per offer still prices above 1, yet the offers are declined */
+    int k_rare = 0, n_rare = 32;
+    for (int i = 0; i < n_rare; i++) k_rare += cb_spec_policy_k_class_req(&p, NULL, b, cls, &sp, 1, 4) > 0;
+    CHECK(p.st[b].expected_gain > 1.0);
+    CHECK_MSG(k_rare <= n_rare / 16 + 1, "%d of %d offers verified", k_rare, n_rare);
+    CHECK(p.st[b].paused);
+    /* copy-heavy text: an offer every step, each probe accepted */
+    int late = 0;
+    for (int step = 0; step < 1000; step++) {
+        cb_spec_policy_consider(&p, b);
+        int k = cb_spec_policy_k_class_req(&p, NULL, b, cls, &sp, 1, 4);
+        if (k > 0) cb_spec_policy_record_class(&p, b, cls, k, k);
+        if (step >= 900) late += k > 0;
+    }
+    CHECK_MSG(cb_spec_policy_saved(&p, b) > 0.03, "saved %.4f", cb_spec_policy_saved(&p, b));
+    CHECK_MSG(late > 90, "%d of the last 100 offers verified", late);
+    CHECK(!p.st[b].paused);
+    /* not adaptive: the floor does not apply */
+    cb_spec_policy q;
+    cb_spec_policy_init(&q);
+    cb_spec_params fixed = sp;
+    fixed.adaptive = 0;
+    for (int step = 0; step < 400; step++) cb_spec_policy_consider(&q, b);
+    CHECK(cb_spec_policy_saved(&q, b) == 0.0);
+    CHECK(cb_spec_policy_k_class_req(&q, NULL, b, cls, &fixed, 1, 4) == 4);
+    CHECK(cb_spec_policy_saved(&q, -1) < 0);
+    cb_spec_policy_consider(&q, 99);  /* out of range: ignored */
+}
+
 int main(void) {
     test_lookup_cases();
     test_lookup_random();
@@ -440,6 +494,7 @@ int main(void) {
     test_policy_longer_match_inherits();
     test_policy_plan_per_request();
     test_policy_extension();
+    test_policy_saving_floor();
     test_policy_class_per_request();
     test_prompt_rows();
     return cb_test_report("test_spec");
