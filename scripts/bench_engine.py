@@ -95,10 +95,9 @@ def bootstrap_ratio(pairs, n_boot=2000, seed=0):
 
 # ------------------------------------------------------------ llama.cpp
 
-# --llama-extra-bufts: llama.cpp's default model params (its CPU weight
-# repacking on).  Off by default (the AMX crash below); on AMD CPUs, which
-# have no AMX buffer type, the default params load.
-LLAMA_EXTRA_BUFTS = False
+# llama.cpp opens the model with its default params (CPU weight repacking on)
+# except on AMX CPUs, where it crashed (benchutil.llama_extra_bufts).
+LLAMA_EXTRA_BUFTS = bu.llama_extra_bufts()
 
 
 class LlamaCpp:
@@ -113,9 +112,6 @@ class LlamaCpp:
         self._log_cb = L.llama_log_callback(lambda level, text, user: None)
         L.llama_log_set(self._log_cb, ctypes.c_void_p())
         mp = L.llama_model_default_params()
-        # The AMX "extra buffer" crashes in ggml_backend_amx_mul_mat on this
-        # VM (SIGSEGV on the first decode, llama-cpp-python 0.3.36); without
-        # extra buffers llama.cpp runs its plain AVX-512 CPU kernels.
         mp.use_extra_bufts = extra_bufts
         self.model = L.llama_model_load_from_file(path.encode(), mp)
         if not self.model:
@@ -238,8 +234,9 @@ def llama_batched_run(lc, prompts, tg):
 
 def make_engine(model, n_threads, n_slots=1, n_ctx=1024, n_batch=512):
     from colibri_lab import _engine
+    # COLIBRI_LAB_SIMD=avx2|scalar forces our level (the header's simd is the CPU's best)
     return _engine.Engine(model, n_slots=n_slots, n_ctx=n_ctx, n_threads=n_threads,
-                          n_batch=n_batch, prefix_reuse=False)
+                          n_batch=n_batch, prefix_reuse=False, simd=os.environ.get("COLIBRI_LAB_SIMD", "auto"))
 
 
 PROFILE_KEYS = ("matmul_ms", "attention_ms", "lm_head_ms", "sampling_ms", "other_ms", "step_ms")
@@ -558,7 +555,7 @@ def fmt(x, nd=1):
 def print_report(res, mach):
     print(f"\nmachine: {mach['cpu']}, {mach['cores']} cores, simd {mach['simd']}, commit {mach['commit'][:12]}, "
           f"{mach['date']}, load {mach['loadavg_start']} -> {mach.get('loadavg_end')}, "
-          f"llama.cpp use_extra_bufts {LLAMA_EXTRA_BUFTS}")
+          f"llama.cpp use_extra_bufts {LLAMA_EXTRA_BUFTS}, ours simd {os.environ.get('COLIBRI_LAB_SIMD', 'auto')}")
     print(f"{'measurement':48s} {'ours (min..max)':>24s} {'llama.cpp (min..max)':>24s} {'ratio [95% CI]':>20s}")
     for r in res:
         if "ratio" in r:
@@ -624,13 +621,8 @@ def main(argv=None):
     ap.add_argument("--agree-tokens", type=int, default=64)
     ap.add_argument("--memory-ctx", type=int, default=2048)
     ap.add_argument("--json", help="write all results here")
-    ap.add_argument("--llama-extra-bufts", action="store_true",
-                    help="open the model with llama.cpp's default use_extra_bufts (CPU weight repacking on; "
-                         "crashes where llama.cpp picks its AMX buffer)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    global LLAMA_EXTRA_BUFTS
-    LLAMA_EXTRA_BUFTS = args.llama_extra_bufts
 
     if args.memory_child:
         memory_child(args.memory_child, args.model, args.memory_ctx, 1)

@@ -80,15 +80,15 @@ def llama_worker(job_path, out_path):
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     job = json.load(open(job_path))
-    # The AMX extra buffer type crashes llama.cpp 0.3.36 on these VMs (SIGSEGV in its AMX matmul on the first
-    # decode); without it llama.cpp runs its AVX-512 kernels.  Llama() has no argument for it: patch the defaults.
-    _defaults = llama_cpp.llama_cpp.llama_model_default_params
+    if not bu.llama_extra_bufts():
+        # AMX CPUs only (benchutil.llama_extra_bufts): Llama() has no argument for it, so patch the defaults
+        _defaults = llama_cpp.llama_cpp.llama_model_default_params
 
-    def _no_extra_bufts():
-        p = _defaults()
-        p.use_extra_bufts = False
-        return p
-    llama_cpp.llama_cpp.llama_model_default_params = _no_extra_bufts
+        def _no_extra_bufts():
+            p = _defaults()
+            p.use_extra_bufts = False
+            return p
+        llama_cpp.llama_cpp.llama_model_default_params = _no_extra_bufts
     lkw = dict(model_path=job["path"], n_ctx=2048, n_threads=job["threads"], n_threads_batch=job["threads"],
                verbose=False, seed=0)
     arms = {"plain": llama_cpp.Llama(**lkw),
@@ -106,7 +106,7 @@ def llama_worker(job_path, out_path):
                          "same_as_ours_plain": toks == job["ours_plain"].get(f"{cat}/{item}")})
         print(f"  llama.cpp {cat} {item}: plain {got['plain'][1]:.1f} pld {got['pld'][1]:.1f} tok/s", flush=True)
     with open(out_path, "w") as f:
-        json.dump({"version": md.version("llama_cpp_python"), "rows": rows}, f)
+        json.dump({"version": md.version("llama_cpp_python"), "use_extra_bufts": bu.llama_extra_bufts(), "rows": rows}, f)
     return 0
 
 
