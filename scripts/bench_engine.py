@@ -548,9 +548,12 @@ def section_roofline(args, model, results, decode_results):
     rd_model, cp_model = measure_bandwidth(wbytes)          # a model-sized working set (may sit in L3)
     rd_dram, cp_dram = measure_bandwidth(1 << 30, reps=3)   # 1 GiB: beyond any cache
     rows = []
+    read_by_threads = {1: rd_model}   # the read bandwidth of as many threads as a decode row used
     for r in decode_results:
         nt = int(r["name"].split(",")[1].split()[0])
-        rd_t = measure_bandwidth(wbytes, threads=nt)[0]     # the read bandwidth of as many threads as decode used
+        if nt not in read_by_threads:
+            read_by_threads[nt] = measure_bandwidth(wbytes, threads=nt)[0]
+        rd_t = read_by_threads[nt]
         rows.append({"threads": nt, "ours_tok_s": r["ours_median"], "llama_tok_s": r["llama_median"],
                      "read_GBps": rd_t, "limit_tok_s": rd_t * 1e9 / wbytes,
                      "ours_GBps": r["ours_median"] * wbytes / 1e9, "llama_GBps": r["llama_median"] * wbytes / 1e9})

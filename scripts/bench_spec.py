@@ -80,7 +80,8 @@ def llama_worker(job_path, out_path):
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     job = json.load(open(job_path))
-    if not bu.llama_extra_bufts():
+    extra_bufts = bu.llama_extra_bufts()
+    if not extra_bufts:
         # AMX CPUs only (benchutil.llama_extra_bufts): Llama() has no argument for it, so patch the defaults
         _defaults = llama_cpp.llama_cpp.llama_model_default_params
 
@@ -106,7 +107,7 @@ def llama_worker(job_path, out_path):
                          "same_as_ours_plain": toks == job["ours_plain"].get(f"{cat}/{item}")})
         print(f"  llama.cpp {cat} {item}: plain {got['plain'][1]:.1f} pld {got['pld'][1]:.1f} tok/s", flush=True)
     with open(out_path, "w") as f:
-        json.dump({"version": md.version("llama_cpp_python"), "use_extra_bufts": bu.llama_extra_bufts(), "rows": rows}, f)
+        json.dump({"version": md.version("llama_cpp_python"), "use_extra_bufts": extra_bufts, "rows": rows}, f)
     return 0
 
 

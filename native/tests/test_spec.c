@@ -444,13 +444,13 @@ static void test_policy_saving_floor(void) {
     CHECK(cb_spec_policy_k_class_req(&p, NULL, b, cls, &sp, 1, 4) >= 1);  /* priced: it pays per offer */
     CHECK_MSG(p.st[b].expected_gain > 1.0, "gain %.3f", p.st[b].expected_gain);
     /* 400 decode steps, an offer every 20th, verified at depth 1 and accepted every 4th time */
-    int offers = 0, drafted = 0;
+    int offers = 0;
     for (int step = 0; step < 400; step++) {
         cb_spec_policy_consider(&p, b);
         if (step % 20) continue;
         offers++;
         int k = cb_spec_policy_k_class_req(&p, NULL, b, cls, &sp, 1, 4);
-        if (k > 0) { drafted++; cb_spec_policy_record_class(&p, b, cls, 1, offers % 4 == 0); }
+        if (k > 0) cb_spec_policy_record_class(&p, b, cls, 1, offers % 4 == 0);
     }
     double saved = cb_spec_policy_saved(&p, b);
     CHECK_MSG(saved >= 0 && saved < 0.03, "saved %.4f", saved);
