@@ -67,8 +67,10 @@ def test_type_table():
 @pytest.mark.parametrize("qtype", KTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["quantized", "random"])
 # 37 rows: full 8-row tiles of the AVX-512 panel kernels and a 5-row tail,
-# 40 outputs: two panels and a masked one, 768 inputs: 3 super-blocks
-@pytest.mark.parametrize("n_out,n_in,n_rows", [(40, 256, 1), (37, 1024, 5), (8, 512, 9), (50, 8960, 10), (40, 768, 37)])
+# 40 outputs: two panels and a masked one, 768 inputs: 3 super-blocks;
+# 8960 inputs x 21 rows: two row blocks of the panel drivers (16 rows each there)
+@pytest.mark.parametrize("n_out,n_in,n_rows", [(40, 256, 1), (37, 1024, 5), (8, 512, 9), (50, 8960, 10), (40, 768, 37),
+                                               (24, 8960, 21)])
 def test_matmul_matches_dequantize(simd, qtype, kind, n_out, n_in, n_rows):
     _need(simd)
     rng = np.random.default_rng(n_out * 1000 + n_in + int(qtype) + (7 if kind == "random" else 0))

@@ -37,6 +37,8 @@ KQ_ATTR static inline __m256i kq_mulsum_avx2(__m256i wu, __m256i xs) {
  * are the scalar path's bits whatever the tile or the work split. */
 
 #define KP2_ROWS 4  /* activation rows per tile */
+#define KP2_PF_PANELS 2  /* panels between a panel's software prefetch and its use */
+#define KP2_ROW_BLOCK_BYTES (192 * 1024)  /* int8 activations per row block (L2-resident) */
 
 typedef int32_t kq2_i32u __attribute__((may_alias, aligned(1)));
 
@@ -79,14 +81,12 @@ KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, int hv, __m256i *sc, __m25
     for (int k = 0; k < 4; k++) mp[k] = kp2_pairs_u8(mn[2 * k], mn[2 * k + 1]);
 }
 
-/* Half hv (8 outputs) of one Q4_K / Q5_K panel x R rows. */
-KQ_ATTR KP2_INL void kp2_tile_q45(const int q5, const int R, const uint8_t *panel, int hv, int64_t nsb,
-                                  const cb_block_q8k *xr, float *y, int64_t ldy, int no) {
-    const size_t pb = q5 ? 16 * 176 : 16 * 144;
+/* Super-block s (at p) of half hv (8 outputs) of a Q4_K / Q5_K panel x R
+ * rows: acc[r] += its float step. */
+KQ_ATTR KP2_INL void kp2_sb_q45(const int q5, const int R, const uint8_t *p, int hv, int64_t s, int64_t nsb,
+                                const cb_block_q8k *xr, float (*acc)[8]) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
-    _Alignas(32) float acc[KP2_ROWS][8] = { { 0 } };
-    for (int64_t s = 0; s < nsb; s++) {
-        const uint8_t *p = panel + (size_t)s * pb;
+    {
         __m256i sc[8], mp[4], isum[KP2_ROWS];
         kp2_scales_q45(p, hv, sc, mp);
         const uint8_t *qs = p + (q5 ? 768 : 256) + 32 * hv;
@@ -139,7 +139,6 @@ KQ_ATTR KP2_INL void kp2_tile_q45(const int q5, const int R, const uint8_t *pane
             kp2_acc(acc[r], _mm256_mul_ps(_mm256_sub_ps(a, b), _mm256_set1_ps(xb->d)));
         }
     }
-    for (int r = 0; r < R; r++) memcpy(y + (int64_t)r * ldy, acc[r], (size_t)no * sizeof(float));
 }
 
 /* The 4 chunks of half hv (8 outputs) of Q6_K panel group g (kquants.h's
@@ -156,14 +155,11 @@ KQ_ATTR KP2_INL void kp2_q6_group(const uint8_t *g, __m256i *W) {
                            _mm256_and_si256(_mm256_srli_epi16(c, 2), _mm256_set1_epi8(48)));
 }
 
-/* Half hv of one Q6_K panel x R rows; the -32 offsets at the end of each
- * super-block as sum_i (-32 sc_i) * bs16_i. */
-KQ_ATTR KP2_INL void kp2_tile_q6(const int R, const uint8_t *panel, int hv, int64_t nsb,
-                                 const cb_block_q8k *xr, float *y, int64_t ldy, int no) {
-    const size_t pb = 16 * 210;
-    _Alignas(32) float acc[KP2_ROWS][8] = { { 0 } };
-    for (int64_t s = 0; s < nsb; s++) {
-        const uint8_t *p = panel + (size_t)s * pb;
+/* Super-block s (at p) of half hv of a Q6_K panel x R rows; the -32
+ * offsets at its end as sum_i (-32 sc_i) * bs16_i. */
+KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int64_t s, int64_t nsb,
+                               const cb_block_q8k *xr, float (*acc)[8]) {
+    {
         __m256i isum[KP2_ROWS];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
@@ -205,36 +201,62 @@ KQ_ATTR KP2_INL void kp2_tile_q6(const int R, const uint8_t *panel, int hv, int6
             kp2_acc(acc[r], _mm256_mul_ps(a, _mm256_set1_ps(xb->d)));
         }
     }
-    for (int r = 0; r < R; r++) memcpy(y + (int64_t)r * ldy, acc[r], (size_t)no * sizeof(float));
 }
 
-KQ_ATTR KP2_INL void kp2_tile(const int type, const int R, const uint8_t *panel, int hv, int64_t nsb,
-                              const cb_block_q8k *xr, float *y, int64_t ldy, int no) {
-    if (type == CB_TYPE_Q6_K) kp2_tile_q6(R, panel, hv, nsb, xr, y, ldy, no);
-    else kp2_tile_q45(type == CB_TYPE_Q5_K, R, panel, hv, nsb, xr, y, ldy, no);
+KQ_ATTR KP2_INL void kp_prefetch2(const uint8_t *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)p + off, _MM_HINT_T1);
 }
 
-/* Panels over outputs [o0, o1) (o0 a multiple of CB_PANEL), each as two
- * halves of 8 outputs, rows in tiles of KP2_ROWS. */
+/* One panel (16 outputs, no <= 16 of them wanted) x R rows: super-blocks
+ * outer and the two halves inner, so each 64-byte panel row is consumed
+ * whole while it is in L1 (two passes over the panel, one per half, left
+ * the first pass waiting on DRAM at half the work per line); pf: the panel
+ * KP2_PF_PANELS ahead, prefetched into L2 one super-block per super-block
+ * (the first row tile only), as the AVX-512 kernels do. */
+KQ_ATTR KP2_INL void kp2_tile(const int type, const int R, const uint8_t *panel, int64_t nsb,
+                              const cb_block_q8k *xr, float *y, int64_t ldy, int no, const uint8_t *pf) {
+    const size_t pb = cb_pack_block_bytes(type);
+    _Alignas(32) float acc[2][KP2_ROWS][8] = { { { 0 } } };
+    const int nh = no > 8 ? 2 : 1;
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *p = panel + (size_t)s * pb;
+        if (pf) kp_prefetch2(pf + (size_t)s * pb, pb);
+        for (int hv = 0; hv < nh; hv++) {
+            if (type == CB_TYPE_Q6_K) kp2_sb_q6(R, p, hv, s, nsb, xr, acc[hv]);
+            else kp2_sb_q45(type == CB_TYPE_Q5_K, R, p, hv, s, nsb, xr, acc[hv]);
+        }
+    }
+    for (int hv = 0; hv < nh; hv++) {
+        const int n = no - 8 * hv < 8 ? no - 8 * hv : 8;
+        for (int r = 0; r < R; r++) memcpy(y + (int64_t)r * ldy + 8 * hv, acc[hv][r], (size_t)n * sizeof(float));
+    }
+}
+
+/* Panels over outputs [o0, o1) (o0 a multiple of CB_PANEL) in row blocks
+ * whose int8 activations stay in L2 while the panels pass over them (as
+ * kquants_avx512.c), rows in tiles of KP2_ROWS; the split changes which tile
+ * a row is in, never the order of a row's float steps. */
 KQ_ATTR KP2_INL void kp2_rows(const int type, const cb_weight *w, const cb_block_q8k *xk,
                               int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nsb = w->n_in / CB_QK_K;
     const size_t psz = (size_t)nsb * cb_pack_block_bytes(type);
-    for (int64_t o = o0; o < o1; o += CB_PANEL) {
-        const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
-        for (int hv = 0; hv < 2; hv++) {
-            const int64_t oh = o + 8 * hv;
-            if (oh >= o1) break;
-            const int no = (int)(o1 - oh < 8 ? o1 - oh : 8);
-            for (int r = 0; r < n_rows; r += KP2_ROWS) {
-                const int R = n_rows - r < KP2_ROWS ? n_rows - r : KP2_ROWS;
+    int rb = (int)(KP2_ROW_BLOCK_BYTES / ((size_t)nsb * sizeof(cb_block_q8k)));
+    rb = rb < KP2_ROWS ? KP2_ROWS : rb - rb % KP2_ROWS;
+    for (int r0 = 0; r0 < n_rows; r0 += rb) {
+        const int r1 = r0 + rb < n_rows ? r0 + rb : n_rows;
+        for (int64_t o = o0; o < o1; o += CB_PANEL) {
+            const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
+            const int no = (int)(o1 - o < CB_PANEL ? o1 - o : CB_PANEL);
+            const uint8_t *pf = o + KP2_PF_PANELS * CB_PANEL < w->n_out ? panel + KP2_PF_PANELS * psz : NULL;
+            for (int r = r0; r < r1; r += KP2_ROWS, pf = NULL) {
+                const int R = r1 - r < KP2_ROWS ? r1 - r : KP2_ROWS;
                 const cb_block_q8k *xr = xk + (int64_t)r * nsb;
-                float *yr = y + r * ldy + oh;
+                float *yr = y + r * ldy + o;
                 switch (R) {  /* a constant row count per call: the row loops unroll */
-                case 4: kp2_tile(type, 4, panel, hv, nsb, xr, yr, ldy, no); break;
-                case 3: kp2_tile(type, 3, panel, hv, nsb, xr, yr, ldy, no); break;
-                case 2: kp2_tile(type, 2, panel, hv, nsb, xr, yr, ldy, no); break;
-                default: kp2_tile(type, 1, panel, hv, nsb, xr, yr, ldy, no); break;
+                case 4: kp2_tile(type, 4, panel, nsb, xr, yr, ldy, no, pf); break;
+                case 3: kp2_tile(type, 3, panel, nsb, xr, yr, ldy, no, pf); break;
+                case 2: kp2_tile(type, 2, panel, nsb, xr, yr, ldy, no, pf); break;
+                default: kp2_tile(type, 1, panel, nsb, xr, yr, ldy, no, pf); break;
                 }
             }
         }
