@@ -17,7 +17,8 @@
  * cores (wall time does not).  A small n_out and MB (e.g. 1 896 1) keep the
  * weights in cache: the kernel's compute throughput alone.  Env:
  * CB_BENCH_SIMD=0/1/2 forces a level, CB_BENCH_UNPACKED=1 the file layout
- * (row kernels), CB_BENCH_PREQ=1 quantizes the activations once outside the
+ * (row kernels), CB_BENCH_THREADS=n runs cb_matmul on a pool of n threads
+ * (then the wall GB/s is the figure), CB_BENCH_PREQ=1 quantizes the activations once outside the
  * timing and calls the kernel directly (the kernel without cb_matmul's
  * quantization).  GOP/s counts a multiply and an add per weight and row.
  * At AVX-512 each run is followed by a vpdpbusd peak loop (peak_gops):
@@ -101,6 +102,9 @@ int main(int argc, char **argv) {
     void *scratch = aligned_alloc(64, cb_matmul_scratch(n_in, rows));
     const int preq = getenv("CB_BENCH_PREQ") && atoi(getenv("CB_BENCH_PREQ"));
     const int nrep = getenv("CB_BENCH_REPS") ? atoi(getenv("CB_BENCH_REPS")) : 3;  /* the first warms up */
+    /* CB_BENCH_THREADS=n: cb_matmul over a pool of n threads (compare the wall GB/s then) */
+    const int nthr = getenv("CB_BENCH_THREADS") ? atoi(getenv("CB_BENCH_THREADS")) : 1;
+    cb_pool *pool = nthr > 1 ? cb_pool_new(nthr) : NULL;
     printf("simd %s, rows %d, shape %lld x %lld\n", cb_simd_name(simd), rows, (long long)n_out, (long long)n_in);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
@@ -138,7 +142,7 @@ int main(int argc, char **argv) {
                     else k->matmul_rows(&w[i], xq, x, rows, y, n_out, 0, n_out);
                 }
             else
-                for (int i = 0; i < n_mat; i++) cb_matmul(NULL, k, &w[i], x, rows, y, scratch);
+                for (int i = 0; i < n_mat; i++) cb_matmul(pool, k, &w[i], x, rows, y, scratch);
             double c1 = clk(CLOCK_THREAD_CPUTIME_ID), t1 = clk(CLOCK_MONOTONIC);
             float sink = 0.0f;
 #if defined(__x86_64__)
@@ -160,6 +164,7 @@ int main(int argc, char **argv) {
         free(w);
         free(raw);
     }
+    if (pool) cb_pool_free(pool);
     free(x); free(y); free(scratch);
     return 0;
 }
