@@ -16,7 +16,7 @@ class Decoder:
     def __init__(self, token_bytes: Callable[[int], bytes], stops: Sequence[bytes] = ()):
         self._token_bytes = token_bytes
         self.stops = [s for s in stops if s]
-        self.buf = b""             # every output byte so far
+        self.buf = bytearray()     # every output byte so far (appended in place: O(1) a token)
         self.emitted = 0           # bytes already handed out as text
         self.tokens: list[int] = []
         self.offsets: list[int] = []   # byte offset where each token starts
@@ -27,6 +27,8 @@ class Decoder:
         self.tokens.append(token)
         self.offsets.append(len(self.buf))
         self.buf += self._token_bytes(token)
+        if not self.stops:
+            return self._take(len(self.buf))
         end = len(self.buf) - self._held_back()
         for s in self.stops:  # a stop string completed by this token: never show it
             i = self.buf.find(s, max(0, self.emitted - len(s) + 1))
@@ -81,8 +83,8 @@ class Decoder:
     def _take(self, end: int, final: bool = False) -> str:
         if end <= self.emitted:
             return ""
-        chunk = self.buf[self.emitted:end]
-        if not final:
+        chunk = bytes(self.buf[self.emitted:end])
+        if not final and chunk[-1] >= 0x80:
             # do not cut inside a UTF-8 sequence: keep an incomplete tail for later
             cut = len(chunk)
             for back in range(1, min(4, len(chunk)) + 1):
