@@ -3,6 +3,7 @@ step loop, prefix reuse, cancel / context overflow isolation, and many
 concurrent callers through the scheduler."""
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -239,15 +240,17 @@ def test_step_profile_is_consistent(model):
 
 def _prompt_rows_by_step(core, ids, left):
     """Step until every request in `ids` has a token; returns (rows_decode, rows_prefill, prompt rows
-    left before the step) per step, and each request's first logits."""
+    left before the step, prompts of `ids` still prefilling before it) per step, and each request's
+    first logits."""
     steps, logits = [], {i: [] for i in ids}
     while any(not logits[i] for i in ids):
         before = sum(left.values())
+        waiting = sum(v > 0 for v in left.values())
         for ev in core.step():
             if ev["type"] == "token" and ev["id"] in logits:
                 logits[ev["id"]].append(ev["logits"])
         st = core.last_step()
-        steps.append((st["rows_decode"], st["rows_prefill"], before))
+        steps.append((st["rows_decode"], st["rows_prefill"], before, waiting))
         take = st["rows_prefill"]
         for i in ids:   # prompts are served in admission order
             got = min(take, left[i])
@@ -256,10 +259,18 @@ def _prompt_rows_by_step(core, ids, left):
     return steps, logits
 
 
+def _budget(n_chunk, d, waiting, before):
+    """The prompt rows of a step with d streams decoding (no drafts) and `waiting` prompts: the rest
+    of n_chunk, at least a quarter of it, times the prompts per stream when prompts outnumber them."""
+    share = waiting / d if waiting > d else 1
+    return min(before, math.ceil(max(n_chunk - d, -(-n_chunk // 4)) * share))
+
+
 def test_n_chunk_is_the_row_budget_of_steps_with_decoding(model):
     """n_chunk is the rows of a step in which requests decode: the decode rows count first and the
-    prompts, all together, take the rest (at least n_chunk / 4, rounded up); a step with nothing
-    decoding prefills at full width.  The logits stay those of a lone run (batch invariance)."""
+    prompts, all together, take the rest (at least n_chunk / 4, rounded up), times the prompts per
+    decoding stream while prompts outnumber the streams; a step with nothing decoding prefills at
+    full width.  The logits stay those of a lone run (batch invariance)."""
     n_vocab = model.n_vocab
     first, a, b = _prompts(3, n_vocab, 20, 21, seed=21)
     core = _engine.Engine(model, n_slots=4, n_ctx=128, n_threads=1, n_chunk=5, prompt_slack=-1)
@@ -271,16 +282,34 @@ def test_n_chunk_is_the_row_budget_of_steps_with_decoding(model):
     ids = [core.submit(p, max_tokens=3, ignore_eos=True, return_logits=True) for p in (a, b)]
     left = {i: 20 for i in ids}
     steps, logits = _prompt_rows_by_step(core, ids, left)
-    for d, p, before in steps:
+    for d, p, before, waiting in steps:
         assert d >= 1
-        assert p == min(before, max(5 - d, 2)), steps     # 5 rows in all, decode rows first
-    assert [p for _, p, _ in steps[:5]] == [4, 4, 4, 4, 4]   # one stream decodes: 4 prompt rows a step
-    assert (2, 3, 20) in steps                         # a's first token: two decode, 3 prompt rows
-    assert sum(p for _, p, _ in steps) == 40
+        assert p == _budget(5, d, waiting, before), steps   # 5 rows in all, decode rows first
+    # one stream, two prompts: 2 x 4 prompt rows a step until a has its token; then two streams
+    # decode beside b, 3 prompt rows a step
+    assert [(d, p) for d, p, _, _ in steps[:4]] == [(1, 8), (1, 8), (1, 8), (2, 3)], steps
+    assert sum(p for _, p, _, _ in steps) == 40
     alone = _engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1)
     for i, p in zip(ids, (a, b)):
         ref = run_requests(alone, [(p, dict(max_tokens=2, ignore_eos=True))])[0]
         assert np.array_equal(ref["logits"][0], logits[i][0])
+
+
+def test_prompts_that_outnumber_the_streams_take_a_budget_per_stream(model):
+    """Seven prompts that arrive just after a lone stream (a closed loop starting up) share 7 x the
+    budget beside it, not the stream's budget between them; once prompts no longer outnumber the
+    streams the budget is n_chunk's again."""
+    n_vocab = model.n_vocab
+    first, *rest = _prompts(8, n_vocab, 12, 13, seed=8)
+    core = _engine.Engine(model, n_slots=8, n_ctx=128, n_threads=1, n_chunk=5, prompt_slack=-1)
+    core.submit(first, max_tokens=40, ignore_eos=True)
+    core.step()
+    ids = [core.submit(p, max_tokens=2, ignore_eos=True, return_logits=True) for p in rest]
+    steps, _ = _prompt_rows_by_step(core, ids, {i: 12 for i in ids})
+    assert steps[0] == (1, 28, 84, 7), steps           # 4 rows a stream's share, 7 prompts per stream
+    for d, p, before, waiting in steps:
+        assert p == _budget(5, d, waiting, before), steps
+    assert len(steps) <= 84 // 4 // 2, steps           # one share: 84 / 4 = 21 steps
 
 
 def test_prompts_progress_when_the_decode_rows_fill_the_budget(model):
@@ -294,7 +323,7 @@ def test_prompts_progress_when_the_decode_rows_fill_the_budget(model):
     assert core.last_step()["rows_prefill"] == 48        # nothing decodes: every prompt at once
     rid = core.submit(ps[4], max_tokens=1, ignore_eos=True, return_logits=True)
     steps, logits = _prompt_rows_by_step(core, [rid], {rid: 12})
-    assert [(d, p) for d, p, _ in steps] == [(4, 1)] * 12  # 4 decode rows fill the budget: 1 prompt row a step
+    assert [(d, p) for d, p, _, _ in steps] == [(4, 1)] * 12  # 4 decode rows fill the budget: 1 prompt row a step
     ref = run_requests(_engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1),
                        [(ps[4], dict(max_tokens=1, ignore_eos=True))])[0]
     assert np.array_equal(ref["logits"][0], logits[rid][0])
@@ -316,8 +345,8 @@ def _two_prompts_beside_a_stream(model, **kw):
 def test_prompt_slack_off_or_wide_keeps_the_n_chunk_budget(model, slack):
     """prompt_slack < 0 is off, and a slack every step fits in cuts nothing: the n_chunk budget exactly."""
     steps, _, _ = _two_prompts_beside_a_stream(model, prompt_slack=slack)
-    for d, p, before in steps:
-        assert p == min(before, max(5 - d, 2)), steps
+    for d, p, before, waiting in steps:
+        assert p == _budget(5, d, waiting, before), steps
 
 
 @pytest.mark.parametrize("slack", [0.0, 0.25])
@@ -326,10 +355,10 @@ def test_prompt_slack_cuts_within_the_budget_and_keeps_the_logits(model, slack):
     than the n_chunk budget, at least one a step (prompts progress), and the first logits are those of a
     lone run (batch invariance holds whatever the composition)."""
     steps, first_logits, prompts = _two_prompts_beside_a_stream(model, prompt_slack=slack)
-    for d, p, before in steps:
+    for d, p, before, waiting in steps:
         assert d >= 1
-        assert 1 <= p <= min(before, max(5 - d, 2)), steps
-    assert sum(p for _, p, _ in steps) == 40
+        assert 1 <= p <= _budget(5, d, waiting, before), steps
+    assert sum(p for _, p, _, _ in steps) == 40
     alone = _engine.Engine(model, n_slots=1, n_ctx=128, n_threads=1)
     for got, prompt in zip(first_logits, prompts):
         ref = run_requests(alone, [(prompt, dict(max_tokens=2, ignore_eos=True))])[0]

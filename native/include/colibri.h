@@ -150,11 +150,13 @@ typedef struct {
     int n_threads;  /* worker threads including the caller; 0 = all online cores        */
     int n_batch;    /* max token rows in one step (decode + prefill chunks); 0 = 512    */
     int n_chunk;    /* rows of a step in which requests decode: decode rows first, prompts the rest
-                       (at least n_chunk / 4, rounded up); 0 = 3 * n_threads, at most n_batch  */
+                       (at least n_chunk / 4, rounded up), times the prompts per decoding stream when
+                       prompts outnumber the streams; 0 = 3 * n_threads, at most n_batch          */
     float prompt_slack; /* while requests decode, the prompt rows of a step are cut to the most whose measured
                            step time is within (1 + prompt_slack) x that of the decode rows alone (at least
                            the count that adds the least time per prompt row), within the n_chunk budget, so a
-                           prompt lengthens the streams' token gaps by at most this fraction; until the step
+                           prompt lengthens the streams' token gaps by at most this fraction (times the
+                           prompts per decoding stream when prompts outnumber the streams); until the step
                            times are measured, the n_chunk budget alone.  Default 0.25 (cb_engine_default_params;
                            a zeroed struct gives 0: no slack); < 0 = off, the n_chunk budget alone            */
     int simd;       /* cb_simd; CB_SIMD_AUTO picks the best the CPU has                 */
