@@ -34,6 +34,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from colibri_lab import llama_anchor  # noqa: E402  (off on AMX CPUs: its extra buffer types)
+
 DEFAULT_TEXT = ROOT / "tests" / "fixtures" / "quality_text.txt"
 DEFAULT_MODELS = ("smollm2", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma3-270m")
 # Cache file names of the aliases (for a cache where the alias table lacks one).
@@ -103,7 +106,8 @@ def measure(name: str, text: str, text_path: Path, threads: int, anchor_python: 
                "out": os.path.join(tmp, "llama")}
         with open(os.path.join(tmp, "cfg.json"), "w") as f:
             json.dump(cfg, f)
-        subprocess.run([anchor_python, "-c", LLAMA_SIDE, os.path.join(tmp, "cfg.json")], check=True)
+        subprocess.run([anchor_python, "-c", llama_anchor.prelude() + LLAMA_SIDE, os.path.join(tmp, "cfg.json")],
+                       check=True)
         ref_rows = np.load(cfg["out"] + ".npy", mmap_mode="r")
         fa_rows = np.load(cfg["out"] + "_fa.npy", mmap_mode="r")
         with open(cfg["out"] + ".json") as f:

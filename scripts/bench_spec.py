@@ -80,16 +80,8 @@ def llama_worker(job_path, out_path):
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     job = json.load(open(job_path))
-    extra_bufts = bu.llama_extra_bufts()
-    if not extra_bufts:
-        # AMX CPUs only (benchutil.llama_extra_bufts): Llama() has no argument for it, so patch the defaults
-        _defaults = llama_cpp.llama_cpp.llama_model_default_params
-
-        def _no_extra_bufts():
-            p = _defaults()
-            p.use_extra_bufts = False
-            return p
-        llama_cpp.llama_cpp.llama_model_default_params = _no_extra_bufts
+    from colibri_lab import llama_anchor
+    extra_bufts = llama_anchor.configure()   # off on AMX CPUs only
     lkw = dict(model_path=job["path"], n_ctx=2048, n_threads=job["threads"], n_threads_batch=job["threads"],
                verbose=False, seed=0)
     arms = {"plain": llama_cpp.Llama(**lkw),

@@ -73,22 +73,9 @@ def loadavg():
 
 
 def llama_extra_bufts():
-    """Whether the llama.cpp anchor opens models with its default params (use_extra_bufts on: its CPU
-    weight repacking, the configuration its users run).  Off only on CPUs with AMX tiles: there
-    llama.cpp 0.3.36 picks its AMX buffer type, which crashed with SIGSEGV on the first decode on the
-    Sapphire Rapids VMs; its plain AVX-512 kernels then stand in.  COLIBRI_LAB_LLAMA_EXTRA_BUFTS=0|1
-    overrides the choice."""
-    forced = os.environ.get("COLIBRI_LAB_LLAMA_EXTRA_BUFTS")
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "amx_tile" not in line.split()
-    except OSError:
-        pass
-    return True
+    """Whether the llama.cpp anchor opens models with use_extra_bufts on (colibri_lab.llama_anchor)."""
+    from colibri_lab import llama_anchor
+    return llama_anchor.extra_bufts()
 
 
 def machine_info(n_threads):

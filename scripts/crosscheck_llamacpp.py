@@ -46,6 +46,9 @@ CONFIGS = [
 
 def llamacpp_greedy(path, prompt, n):
     import llama_cpp
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from colibri_lab import llama_anchor
+    llama_anchor.configure()   # its extra buffer types off on AMX CPUs
     # logits_all: llama-cpp-python 0.3.36 fills .scores only for rows it keeps
     llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=1)
     llm.eval(prompt)

@@ -101,6 +101,9 @@ def log_softmax(x):
 
 def anchor_main(model_path, out_path, threads):
     import llama_cpp
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from colibri_lab import llama_anchor
+    llama_anchor.configure()   # its extra buffer types off on AMX CPUs
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=N_CTX, n_batch=512, logits_all=True,
                           verbose=False, n_threads=threads)
     res = {}

@@ -17,7 +17,8 @@ llama-cpp-python's server runs one request at a time and by default
 *interrupts* a running stream when the next request arrives
 (interrupt_requests); a load test would then measure interrupted streams,
 so it is started with interrupt_requests off: requests queue, as they do
-behind any one-sequence server.  Its context is one sequence of n_ctx
+behind any one-sequence server.  On CPUs with AMX tiles its extra CPU
+buffer types are off (llama_anchor: they crash it there).  Its context is one sequence of n_ctx
 tokens; ours gets n_slots sequences of n_ctx each.
 """
 from __future__ import annotations
@@ -31,6 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from colibri_lab import llama_anchor
 
 LLAMA_PYTHON_ENV = "COLIBRI_LAB_LLAMA_PYTHON"
 
@@ -263,12 +266,14 @@ def start_llama_cpp(model: str = "smollm2", n_threads: int = 0, n_ctx: int = 204
     mid = model_id or (Path(str(model)).stem if os.sep in str(model) else str(model))
     threads = int(n_threads) or (os.cpu_count() or 1)
     port = port or free_port()
-    cmd = [py, "-m", "llama_cpp.server", "--model", str(path), "--model_alias", mid, "--host", "127.0.0.1",
-           "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-           "--n_ctx", str(int(n_ctx)), "--interrupt_requests", "False"] + list(args or [])
+    cmd = llama_anchor.server_command(py, [
+        "--model", str(path), "--model_alias", mid, "--host", "127.0.0.1", "--port", str(port),
+        "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(int(n_ctx)),
+        "--interrupt_requests", "False"] + list(args or []))
     srv = ServerProcess("llama.cpp", cmd, f"http://127.0.0.1:{port}", mid, str(path),
                         params={"n_threads": threads, "n_ctx": int(n_ctx), "n_slots": 1,
-                                "interrupt_requests": False, "args": list(args or [])},
+                                "interrupt_requests": False, "use_extra_bufts": llama_anchor.extra_bufts(),
+                                "args": list(args or [])},
                         version="llama-cpp-python " + llama_cpp_version(py))
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)       # its own environment, not ours
