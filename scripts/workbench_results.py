@@ -127,6 +127,12 @@ NOTES = {
 }
 
 
+def _arg(a: str) -> str:
+    """A command-line argument as the page shows it: a multi-line `python -c` launcher (llama_anchor's,
+    which turns llama.cpp's extra buffer types off) is named, not printed."""
+    return "'<launcher: colibri_lab/llama_anchor.py, extra buffer types off>'" if "\n" in a else a
+
+
 def _table(res, name: str):
     """The run's summary: serve_table for serving runs, else summary_table with the notebook's primary metric."""
     if res.meta.get("serving"):
@@ -218,7 +224,7 @@ def section(path: Path, level: str = "##") -> str:
             labels.setdefault(server_of.get(v, e.get("kind")), e)
         out.append("")
         for k, e in labels.items():
-            out.append(f"- server `{k}`: {e.get('version', '')}; `{' '.join(e.get('cmd', []))}`")
+            out.append(f"- server `{k}`: {e.get('version', '')}; `{' '.join(map(_arg, e.get('cmd', [])))}`")
     if res.numerics is not None and len(res.numerics):
         from colibri_lab.experiments import numerics_table
 
