@@ -36,6 +36,8 @@ cdef extern from "colibri.h" nogil:
     const char *cb_status_str(int status)
     int cb_simd_detect()
     const char *cb_simd_name(int simd)
+    int cb_amx_active()
+    int cb_amx_enable(int on)
 
     ctypedef struct cb_model_params:
         int validate_only
@@ -237,6 +239,20 @@ def simd_available():
     best = cb_simd_detect()
     return [name for name, lvl in (("scalar", CB_SIMD_SCALAR), ("avx2", CB_SIMD_AVX2), ("avx512", CB_SIMD_AVX512))
             if lvl <= best]
+
+
+def amx_active():
+    """True if the K-quant matmuls of 16 rows and more (prefill) run on AMX
+    int8 tiles at the avx512 level: the CPU has them, the OS grants them, and
+    neither COLIBRI_LAB_AMX=0 nor set_amx(False) turned them off.  Results are
+    bit-identical either way; only the speed differs."""
+    return bool(cb_amx_active())
+
+
+def set_amx(bint on):
+    """Turn the AMX tiles on (where available) or off for the whole process,
+    from the next matmul on (an A/B switch); returns amx_active()."""
+    return bool(cb_amx_enable(1 if on else 0))
 
 
 cdef int _simd_level(simd) except? -2:

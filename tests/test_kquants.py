@@ -148,3 +148,29 @@ def test_wrong_nibble_order_would_fail():
     x = rng.standard_normal((2, 256)).astype(np.float32)
     y = _engine.kernel_matmul(int(Q.Q4_K), bad.reshape(-1), 8, 256, x, "scalar", 1)
     assert _rel(y, x.astype(np.float64) @ wd.T) > 0.2
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_amx_tiles_bit_identical(qtype):
+    """Where the CPU has AMX, 16-row tiles of prefill-sized batches run on
+    it (staged digits of the scales, one tile product per 64 inputs); the
+    result must be the VNNI kernels' and the scalar path's bits, over row
+    blocks, staged super-block chunks, a row tail and thread splits."""
+    if not _engine.amx_active():
+        pytest.skip("AMX tiles not active on this CPU (or COLIBRI_LAB_AMX=0)")
+    rng = np.random.default_rng(21)
+    n_out, n_in, n_rows = 40, 2560, 16 * 9 + 5
+    raw, _ = _weights(qtype, n_out, n_in, rng, "random")
+    x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+    x[3] *= 1e-20
+    x[20] *= 1e20
+    x[40, 256:512] = 0.0
+    scalar = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, "scalar", 1)
+    try:
+        amx = {t: _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, "avx512", t) for t in (1, 2)}
+        assert not _engine.set_amx(False)
+        vnni = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, "avx512", 2)
+    finally:
+        assert _engine.set_amx(True)
+    for y in (*amx.values(), vnni):
+        assert np.array_equal(y.view(np.uint32), scalar.view(np.uint32))

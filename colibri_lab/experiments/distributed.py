@@ -276,7 +276,8 @@ def worker_info(address: str) -> dict:
     try:
         from colibri_lab import _engine
 
-        simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available())}
+        simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available()),
+                "amx": _engine.amx_active()}
     except Exception as exc:
         simd = {"error": str(exc)}
     return {"address": address, "hostname": socket.gethostname(), "pid": os.getpid(), "cpu": cpu_model(),

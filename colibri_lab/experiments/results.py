@@ -391,7 +391,8 @@ def collect_metadata(spec, variants, engines: dict, load_before: dict | None = N
     try:
         from colibri_lab import _engine
 
-        simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available())}
+        simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available()),
+                "amx": _engine.amx_active()}
     except Exception as exc:  # the extension may be missing when only analysing
         simd = {"error": str(exc)}
     return {

@@ -62,6 +62,18 @@ int cb_simd_detect(void);
 /* Static name: "scalar", "avx2", "avx512". */
 const char *cb_simd_name(int simd);
 
+/* AMX int8 tiles (Intel Sapphire Rapids and later) at CB_SIMD_AVX512: the
+ * Q4_K / Q5_K / Q6_K matmuls of batches of 16 rows and more (prefill) run
+ * 16-row tiles on them.  Their integer sums are the VNNI kernels', so every
+ * result is bit-identical with AMX on or off.  cb_amx_active(): 1 if the CPU
+ * has AMX-TILE and AMX-INT8, the OS grants the tile state (on Linux, asked
+ * for on the first call), the compiler could build the kernel, and neither
+ * COLIBRI_LAB_AMX=0 (read once) nor cb_amx_enable(0) turned it off.
+ * cb_amx_enable(on): for the whole process, from the next matmul on (not
+ * while one runs); returns cb_amx_active(). */
+int cb_amx_active(void);
+int cb_amx_enable(int on);
+
 /* ------------------------------------------------------------------ model */
 
 typedef struct cb_model cb_model;

@@ -46,11 +46,15 @@ typedef struct {
  * super-block in exact integers (see kquants.h).  Quantized as cb_block_q8
  * is (d = max|x| / 127, round to nearest even), over 256 values. */
 typedef struct {
+    int8_t  qs[256];    /* first, and the block 5 cache lines: in a 64-byte aligned
+                         * buffer every block's quants start a line (AMX tile rows
+                         * that straddle two lines load 6x slower) */
     float   d;          /* scale: x ~= d * qs */
     int16_t bs16[16];   /* sum of qs[16i .. 16i + 16) (|.| <= 2032): Q6_K's -32 offsets */
     int16_t bs32[8];    /* sum of qs[32j .. 32j + 32) (|.| <= 4064): Q4_K / Q5_K mins */
-    int8_t  qs[256];
-} cb_block_q8k;         /* 308 bytes, every field 4-byte aligned in an array */
+    int8_t  pad[12];
+} cb_block_q8k;         /* 320 bytes */
+_Static_assert(sizeof(cb_block_q8k) == 320, "cb_block_q8k: 5 cache lines");
 
 /* Activation formats a matmul's weight type reads (cb_type_act). */
 enum { CB_ACT_Q8 = 1, CB_ACT_Q8K = 2 };

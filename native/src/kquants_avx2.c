@@ -305,6 +305,7 @@ KQ_ATTR static void kq2_quantize_q8k(const float *x, cb_block_q8k *q, int64_t n)
             q[b].bs32[g] = (int16_t)(q[b].bs16[2 * g] + q[b].bs16[2 * g + 1]);
         }
         q[b].d = d;
+        memset(q[b].pad, 0, sizeof q[b].pad);  /* defined bytes: blocks compare with memcmp */
     }
 }
 

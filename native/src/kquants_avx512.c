@@ -24,8 +24,15 @@
 #include "colibri.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #define KQ_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define KQ_FN(name) name##_avx512
@@ -297,19 +304,314 @@ KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_blo
     }
 }
 
-KQ_ATTR static void kp_matmul_q4_K(const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y,
-                                   int64_t ldy, int64_t o0, int64_t o1) {
-    kp_rows(CB_TYPE_Q4_K, w, xk, n_rows, y, ldy, o0, o1);
+/* ------------------------------------------------------------ AMX tiles */
+
+/* Prefill-sized batches (16 rows and more) of Q4_K, Q5_K and Q6_K on CPUs
+ * with AMX int8 tiles (Intel Sapphire Rapids and later).  One tile product
+ * is a 16-row x 16-output block over 64 inputs: A = 16 activation rows x 64
+ * int8 values, read in place from the cb_block_q8k rows with the rows'
+ * stride; B = 64 inputs x 16 outputs as the panel layout already orders them
+ * (4 consecutive weights of one output per 32-bit lane, 16 outputs a 64-byte
+ * row), unpacked to bytes.  The sub-block scales vary every 32 (Q6_K: 16)
+ * inputs, so they cannot be applied after a 64-input product; instead they
+ * go into B, split into digits small enough that weight x digit is a byte:
+ *     Q4_K / Q5_K: sc = 8 a + b (a, b in 0..7, q <= 31: q a <= 217, unsigned),
+ *                  isum = 8 (A . Ba) + (A . Bb)
+ *     Q6_K:        sc + 128 = d0 + 4 d1 + 16 d2 + 64 d3 (digits 0..3), so
+ *                  sc = sum_k 4^k e_k with e_k = d_k (k < 3), e_3 = d3 - 2;
+ *                  w = q - 32 in -32..31, so |w e_k| <= 96 is a signed byte:
+ *                  isum = sum_k 4^k (A . B_k), B_k = w e_k (signed x signed).
+ * Every product accumulates over a whole super-block inside the tile unit,
+ * and what comes out is the exact integer isum of kquants.h, the one the
+ * VNNI kernel sums; the mins and the ONE float step per super-block are the
+ * VNNI kernel's operations in the same order.  So a row's outputs have the
+ * same bits whichever kernel takes it (a prefill's 16-row tiles here, its
+ * tail and every decode step on VNNI). */
+#if (defined(__GNUC__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12)
+#define KA_HAVE 1
+#define KA_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
+
+/* Super-blocks of one panel staged at once (per thread, on the stack, 32 KB:
+ * about an L1): Q4_K / Q5_K 4 x (2 matrices x 4 steps x 1 KB), Q6_K 2 x (4 x 4 x 1 KB). */
+#define KA_STAGE_BYTES (32 * 1024)
+/* Activation rows a panel's staged weights serve before the next panel: up
+ * to KA_TILES tiles of 16, as many as keep the row block's activations within
+ * KA_ROW_BLOCK_BYTES (an L2's share). */
+#define KA_TILES 8
+#define KA_ROW_BLOCK_BYTES (512 * 1024)
+
+typedef struct {
+    uint8_t  palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t  rows[16];
+} ka_tilecfg;
+
+/* Every tile 16 rows x 64 bytes: 0 and 5 = A of two row tiles, 1 and 4 = B,
+ * 2, 3, 6, 7 = C (int32). */
+KA_ATTR static void ka_config(void) {
+    ka_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) { c.rows[t] = 16; c.colsb[t] = 64; }
+    _tile_loadconfig(&c);
 }
 
-KQ_ATTR static void kp_matmul_q5_K(const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y,
-                                   int64_t ldy, int64_t o0, int64_t o1) {
-    kp_rows(CB_TYPE_Q5_K, w, xk, n_rows, y, ldy, o0, o1);
+/* Staged super-blocks of one panel. */
+typedef struct {
+    _Alignas(64) uint8_t b[KA_STAGE_BYTES];  /* B matrices: [super-block][matrix][step 0..3][16 rows][64] */
+    _Alignas(64) int16_t mp[4][4][32];       /* Q4_K / Q5_K: the mins as int16 pairs (kp_mins_q45) */
+    _Alignas(64) float   d[4][16];           /* Q4_K: d / 16 (the VNNI kernel's), Q5_K and Q6_K: d */
+    _Alignas(64) float   dmin[4][16];
+} ka_stage;
+
+static inline int ka_sb(int type) { return type == CB_TYPE_Q6_K ? 2 : 4; }
+static inline int ka_mats(int type) { return type == CB_TYPE_Q6_K ? 4 : 2; }
+static inline const uint8_t *ka_b(const ka_stage *st, int type, int t, int m, int ks) {
+    return st->b + ((size_t)(t * ka_mats(type) + m) * 4 + (size_t)ks) * 1024;
 }
 
-KQ_ATTR static void kp_matmul_q6_K(const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y,
-                                   int64_t ldy, int64_t o0, int64_t o1) {
-    kp_rows(CB_TYPE_Q6_K, w, xk, n_rows, y, ldy, o0, o1);
+/* Digits of 16 outputs' bytes v (one per output) as 16-bit lanes: each
+ * 32-bit lane o holds (v_o >> shift & mask) in both halves (the vpmullw
+ * operand that multiplies the 4 weight bytes of output o). */
+KA_ATTR static INL __m512i ka_digit16(__m128i v, int shift, int mask) {
+    const __m512i x = _mm512_and_si512(_mm512_srli_epi32(_mm512_cvtepu8_epi32(v), shift), _mm512_set1_epi32(mask));
+    return _mm512_or_si512(x, _mm512_slli_epi32(x, 16));
+}
+
+/* Unpack super-blocks [s0, s0 + n) of a panel into B matrices. */
+KA_ATTR static void ka_stage_panel(const int type, const uint8_t *panel, int64_t s0, int n, ka_stage *st) {
+    const size_t pb = cb_pack_block_bytes(type);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *p = panel + (size_t)(s0 + t) * pb;
+        if (type == CB_TYPE_Q6_K) {
+            const __m512i m32 = _mm512_set1_epi8(32), rep = _mm512_set1_epi32(0x01010101);
+            for (int i = 0; i < 16; i++) {  /* sub-block i = group i: chunks v = 0..3 of 4 weights x 16 outputs */
+                __m512i W[4];
+                kp_q6_group(p + 288 + 192 * i, W);
+                /* sc + 128 (0..255) of each output in all 4 bytes of its lane */
+                const __m128i sc = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * i)), _mm_set1_epi8((char)0x80));
+                const __m512i u = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(sc), rep);
+                const int ks = i / 4;
+                for (int v = 0; v < 4; v++) {
+                    const __m512i w = _mm512_sub_epi8(W[v], m32), w2 = _mm512_add_epi8(w, w);
+                    const int row = (i % 4) * 4 + v;
+                    for (int k = 0; k < 4; k++) {  /* w * digit k, by masked moves and adds of w and 2w */
+                        const __mmask64 b0 = _mm512_test_epi8_mask(u, _mm512_set1_epi8((char)(1 << (2 * k))));
+                        const __mmask64 b1 = _mm512_test_epi8_mask(u, _mm512_set1_epi8((char)(2 << (2 * k))));
+                        __m512i e = _mm512_mask_add_epi8(_mm512_maskz_mov_epi8(b0, w), b1, _mm512_maskz_mov_epi8(b0, w), w2);
+                        if (k == 3) e = _mm512_sub_epi8(e, w2);  /* w (d3 - 2) */
+                        _mm512_store_si512((void *)(ka_b(st, type, t, k, ks) + 64 * row), e);
+                    }
+                }
+            }
+            _mm512_store_ps(st->d[t], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)));
+            continue;
+        }
+        const int q5 = type == CB_TYPE_Q5_K;
+        const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+        const uint8_t *qs = p + (q5 ? 768 : 256);
+        for (int j = 0; j < 8; j++) {  /* sub-block j: rows 8 (j & 1) + c of step j / 2 */
+            const __m128i sc = kp_field_q45(p, j, 0);
+            const __m512i a16 = ka_digit16(sc, 3, 7), b16 = ka_digit16(sc, 0, 7);
+            const uint8_t *q = qs + 512 * (j >> 1);
+            for (int c = 0; c < 8; c++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
+                __m512i w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, lo4);
+                if (q5) {  /* quant | (bit j of each qh byte) << 4, 0..31 */
+                    const __m512i h = _mm512_loadu_si512((const void *)(p + 256 + 64 * c));
+                    const __m512i hb = j <= 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
+                    w = _mm512_or_si512(w, _mm512_and_si512(hb, b4));
+                }
+                const size_t row = 64 * (size_t)(8 * (j & 1) + c);
+                /* byte products in 16-bit multiplies: each byte's product is < 256, so none carries */
+                _mm512_store_si512((void *)(ka_b(st, type, t, 0, j >> 1) + row), _mm512_mullo_epi16(w, a16));
+                _mm512_store_si512((void *)(ka_b(st, type, t, 1, j >> 1) + row), _mm512_mullo_epi16(w, b16));
+            }
+        }
+        __m512i mp[4];
+        kp_mins_q45(p, mp);
+        for (int k = 0; k < 4; k++) _mm512_store_si512(st->mp[t][k], mp[k]);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        _mm512_store_ps(st->d[t], q5 ? d : _mm512_mul_ps(d, _mm512_set1_ps(0.0625f)));  /* exact */
+        _mm512_store_ps(st->dmin[t], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))));
+    }
+}
+
+/* The float step of super-block t for the 16 rows of a tile whose integer
+ * sums are in c (Q4_K / Q5_K: c[0] = A . Ba, c[1] = A . Bb; Q6_K: c[0..3]
+ * = A . B_k): as kp_tile_q45 / kp_tile_q6, row by row. */
+KA_ATTR static INL void ka_step(const int type, const ka_stage *st, int t, int32_t (*c)[16][16],
+                                const cb_block_q8k *xb0, size_t xs, float (*acc)[16]) {
+    if (type == CB_TYPE_Q6_K) {
+        const __m512 d = _mm512_load_ps(st->d[t]);
+#pragma GCC unroll 4
+        for (int r = 0; r < 16; r++) {
+            const __m512i i0 = _mm512_load_si512((const void *)c[0][r]), i1 = _mm512_load_si512((const void *)c[1][r]),
+                          i2 = _mm512_load_si512((const void *)c[2][r]), i3 = _mm512_load_si512((const void *)c[3][r]);
+            const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(i0, _mm512_slli_epi32(i1, 2)),
+                                                  _mm512_add_epi32(_mm512_slli_epi32(i2, 4), _mm512_slli_epi32(i3, 6)));
+            const cb_block_q8k *xb = (const cb_block_q8k *)((const char *)xb0 + (size_t)r * xs);
+            const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum));
+            _mm512_store_ps(acc[r], _mm512_add_ps(_mm512_load_ps(acc[r]), _mm512_mul_ps(a, _mm512_set1_ps(xb->d))));
+        }
+        return;
+    }
+    const int q5 = type == CB_TYPE_Q5_K;
+    const __m512i mp0 = _mm512_load_si512((const void *)st->mp[t][0]), mp1 = _mm512_load_si512((const void *)st->mp[t][1]),
+                  mp2 = _mm512_load_si512((const void *)st->mp[t][2]), mp3 = _mm512_load_si512((const void *)st->mp[t][3]);
+    const __m512 dq = _mm512_load_ps(st->d[t]), dmin = _mm512_load_ps(st->dmin[t]);
+#pragma GCC unroll 4
+    for (int r = 0; r < 16; r++) {
+        __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)c[0][r]), 3),
+                                        _mm512_load_si512((const void *)c[1][r]));
+        if (!q5) isum = _mm512_slli_epi32(isum, 4);  /* the VNNI kernel's 16 * isum against d / 16 */
+        const cb_block_q8k *xb = (const cb_block_q8k *)((const char *)xb0 + (size_t)r * xs);
+        const kq_i32u *b2 = (const kq_i32u *)xb->bs32;
+        __m512i ms = kp_dpw(_mm512_setzero_si512(), mp0, b2);
+        ms = kp_dpw(ms, mp1, b2 + 1);
+        ms = kp_dpw(ms, mp2, b2 + 2);
+        ms = kp_dpw(ms, mp3, b2 + 3);
+        const __m512 a = _mm512_mul_ps(dq, _mm512_cvtepi32_ps(isum));
+        const __m512 b = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(ms));
+        const __m512 u = _mm512_mul_ps(_mm512_sub_ps(a, b), _mm512_set1_ps(xb->d));
+        _mm512_store_ps(acc[r], _mm512_add_ps(_mm512_load_ps(acc[r]), u));
+    }
+}
+
+/* Tiles of 16 rows x one panel over the staged super-blocks [s0, s0 + n):
+ * Q4_K / Q5_K two row tiles at a time (x0, x1; x1 NULL: one), sharing each
+ * B load; Q6_K one.  x: the tile's first row at super-block 0; xs: bytes
+ * from one row to the next. */
+KA_ATTR static void ka_tiles(const int type, const ka_stage *st, int64_t s0, int n, const cb_block_q8k *x0,
+                             const cb_block_q8k *x1, size_t xs, float (*acc0)[16], float (*acc1)[16]) {
+    _Alignas(64) int32_t c[4][16][16];
+    for (int t = 0; t < n; t++) {
+        const int64_t s = s0 + t;
+        if (type == CB_TYPE_Q6_K) {
+            _tile_zero(2); _tile_zero(3); _tile_zero(6); _tile_zero(7);
+            for (int ks = 0; ks < 4; ks++) {
+                _tile_loadd(0, x0[s].qs + 64 * ks, xs);
+                _tile_loadd(1, ka_b(st, type, t, 0, ks), 64); _tile_dpbssd(2, 0, 1);
+                _tile_loadd(4, ka_b(st, type, t, 1, ks), 64); _tile_dpbssd(3, 0, 4);
+                _tile_loadd(1, ka_b(st, type, t, 2, ks), 64); _tile_dpbssd(6, 0, 1);
+                _tile_loadd(4, ka_b(st, type, t, 3, ks), 64); _tile_dpbssd(7, 0, 4);
+            }
+            _tile_stored(2, c[0], 64); _tile_stored(3, c[1], 64); _tile_stored(6, c[2], 64); _tile_stored(7, c[3], 64);
+            ka_step(type, st, t, c, x0 + s, xs, acc0);
+            continue;
+        }
+        _tile_zero(2); _tile_zero(3);
+        if (x1) { _tile_zero(6); _tile_zero(7); }
+        for (int ks = 0; ks < 4; ks++) {
+            _tile_loadd(0, x0[s].qs + 64 * ks, xs);
+            _tile_loadd(1, ka_b(st, type, t, 0, ks), 64);
+            _tile_loadd(4, ka_b(st, type, t, 1, ks), 64);
+            _tile_dpbsud(2, 0, 1);
+            _tile_dpbsud(3, 0, 4);
+            if (x1) {
+                _tile_loadd(5, x1[s].qs + 64 * ks, xs);
+                _tile_dpbsud(6, 5, 1);
+                _tile_dpbsud(7, 5, 4);
+            }
+        }
+        _tile_stored(2, c[0], 64); _tile_stored(3, c[1], 64);
+        if (x1) { _tile_stored(6, c[2], 64); _tile_stored(7, c[3], 64); }
+        ka_step(type, st, t, c, x0 + s, xs, acc0);
+        if (x1) ka_step(type, st, t, c + 2, x1 + s, xs, acc1);
+    }
+}
+
+/* Rows [0, n16) (a multiple of 16) x outputs [o0, o1): row blocks of up to
+ * KA_TILES tiles outer, panels, then staged super-blocks, then tiles. */
+KA_ATTR static void ka_rows(const int type, const cb_weight *w, const cb_block_q8k *xk, int n16, float *y,
+                            int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t nsb = w->n_in / CB_QK_K;
+    const size_t pb = cb_pack_block_bytes(type), psz = (size_t)nsb * pb, xs = (size_t)nsb * sizeof(cb_block_q8k);
+    const int nst = ka_sb(type);
+    int tiles = (int)(KA_ROW_BLOCK_BYTES / (16 * xs));
+    tiles = tiles < 1 ? 1 : tiles > KA_TILES ? KA_TILES : tiles;
+    ka_stage st;
+    _Alignas(64) float acc[KA_TILES][16][16];
+    ka_config();
+    for (int r0 = 0; r0 < n16; r0 += 16 * tiles) {
+        const int nt = (n16 - r0) / 16 < tiles ? (n16 - r0) / 16 : tiles;
+        for (int64_t o = o0; o < o1; o += CB_PANEL) {
+            const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
+            memset(acc, 0, sizeof(float) * 256 * (size_t)nt);
+            for (int64_t s0 = 0; s0 < nsb; s0 += nst) {
+                const int n = nsb - s0 < nst ? (int)(nsb - s0) : nst;
+                ka_stage_panel(type, panel, s0, n, &st);
+                const int step = type == CB_TYPE_Q6_K ? 1 : 2;
+                for (int t = 0; t < nt; t += step) {
+                    const cb_block_q8k *x0 = xk + (int64_t)(r0 + 16 * t) * nsb;
+                    const int two = step == 2 && t + 1 < nt;
+                    ka_tiles(type, &st, s0, n, x0, two ? x0 + 16 * nsb : NULL, xs, acc[t], two ? acc[t + 1] : NULL);
+                }
+            }
+            const __mmask16 m = kp_mask(o1 - o);
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < 16; r++)
+                    _mm512_mask_storeu_ps(y + (int64_t)(r0 + 16 * t + r) * ldy + o, m, _mm512_load_ps(acc[t][r]));
+        }
+    }
+    _tile_release();
+}
+#endif  /* AMX compiler support */
+
+/* AMX state: -1 unknown, 0 off or unavailable, 1 on. */
+static _Atomic int ka_state = -1;
+
+/* CPUID.(7,0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), XCR0 bits 17-18 (tile
+ * state enabled by the OS), and Linux's per-process permission for the tile
+ * data (arch_prctl ARCH_REQ_XCOMP_PERM). */
+static int ka_detect(void) {
+#if defined(KA_HAVE) && defined(__linux__)
+    const char *env = getenv("COLIBRI_LAB_AMX");
+    if (env && strcmp(env, "0") == 0) return 0;
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0;
+    __cpuid(1, a, b, c, d);
+    if (!((c >> 27) & 1)) return 0;  /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+
+int cb_amx_active(void) {
+    int s = atomic_load(&ka_state);
+    if (s < 0) {
+        s = ka_detect();
+        int expect = -1;
+        if (!atomic_compare_exchange_strong(&ka_state, &expect, s)) s = expect;
+    }
+    return s;
+}
+
+int cb_amx_enable(int on) {
+    if (!on) { atomic_store(&ka_state, 0); return 0; }
+    atomic_store(&ka_state, -1);
+    return cb_amx_active();
+}
+
+/* Rows in 16-row tiles through AMX where it is on, the rest (and every
+ * batch under 16 rows) through the VNNI tiles: the same bits either way. */
+KQ_ATTR static void kp_matmul(const int type, const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y,
+                              int64_t ldy, int64_t o0, int64_t o1) {
+    int n16 = 0;
+#ifdef KA_HAVE
+    if (n_rows >= 16 && cb_amx_active()) {
+        n16 = n_rows - n_rows % 16;
+        ka_rows(type, w, xk, n16, y, ldy, o0, o1);
+    }
+#endif
+    if (n16 < n_rows)
+        kp_rows(type, w, xk + (int64_t)n16 * (w->n_in / CB_QK_K), n_rows - n16, y + (int64_t)n16 * ldy, ldy, o0, o1);
 }
 
 /* cb_kq_quantize_q8k_scalar's bytes: max|x| over 256 values is exact in any
@@ -334,6 +636,7 @@ KQ_ATTR static void kq_quantize_q8k(const float *x, cb_block_q8k *q, int64_t n) 
         }
         for (int j = 0; j < 8; j++) q[b].bs32[j] = (int16_t)(q[b].bs16[2 * j] + q[b].bs16[2 * j + 1]);
         q[b].d = d;
+        memset(q[b].pad, 0, sizeof q[b].pad);  /* defined bytes: blocks compare with memcmp */
     }
 }
 
@@ -347,9 +650,9 @@ int cb_kq_matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const cb
     switch (w->type) {
     case CB_TYPE_Q2_K: matmul_q23_K_avx512(0, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q3_K: matmul_q23_K_avx512(1, w, xq, n_rows, y, ldy, o0, o1); return 1;
-    case CB_TYPE_Q4_K: if (!w->packed) return 0; kp_matmul_q4_K(w, xk, n_rows, y, ldy, o0, o1); return 1;
-    case CB_TYPE_Q5_K: if (!w->packed) return 0; kp_matmul_q5_K(w, xk, n_rows, y, ldy, o0, o1); return 1;
-    case CB_TYPE_Q6_K: if (!w->packed) return 0; kp_matmul_q6_K(w, xk, n_rows, y, ldy, o0, o1); return 1;
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: if (!w->packed) return 0; kp_matmul(w->type, w, xk, n_rows, y, ldy, o0, o1); return 1;
     default: return 0;
     }
 }
@@ -359,5 +662,7 @@ int cb_kq_matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const cb
 int cb_kq_matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                              float *y, int64_t ldy, int64_t o0, int64_t o1) { return 0; }
 int cb_kq_quantize_q8k_avx512(const float *x, cb_block_q8k *q, int64_t n) { return 0; }
+int cb_amx_active(void) { return 0; }
+int cb_amx_enable(int on) { return 0; }
 
 #endif

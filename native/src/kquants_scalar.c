@@ -99,6 +99,7 @@ void cb_kq_quantize_q8k_scalar(const float *x, cb_block_q8k *q, int64_t n) {
         }
         for (int j = 0; j < 8; j++) q[b].bs32[j] = (int16_t)(q[b].bs16[2 * j] + q[b].bs16[2 * j + 1]);
         q[b].d = d;
+        memset(q[b].pad, 0, sizeof q[b].pad);  /* defined bytes: blocks compare with memcmp */
     }
 }
 

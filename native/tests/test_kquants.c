@@ -178,7 +178,7 @@ static void test_matmul(int type) {
  * of +-127 (the int32 bounds of kquants.h), levels bit-identical and equal
  * to the exact product to float rounding. */
 static void test_matmul_extremes(int type) {
-    enum { N_OUT = 16, N_IN = 2048, N_ROWS = 3 };
+    enum { N_OUT = 16, N_IN = 2048, N_ROWS = 19 };  /* 19: one AMX tile of 16 rows and a VNNI tail */
     const size_t bb = cb_kq_block_bytes(type), rb = bb * (N_IN / 256);
     uint8_t *w = malloc(rb * N_OUT);
     memset(w, 0xFF, rb * N_OUT);
@@ -195,8 +195,10 @@ static void test_matmul_extremes(int type) {
         }
     }
     float *x = malloc(sizeof(float) * N_ROWS * N_IN), *wf = malloc(sizeof(float) * N_IN);
-    for (int i = 0; i < N_ROWS * N_IN; i++) x[i] = i / N_IN == 1 ? -127.0f : 127.0f;
-    for (int i = 2 * N_IN; i < 3 * N_IN; i++) x[i] = (i / 16) % 2 ? 127.0f : -127.0f;
+    for (int i = 0; i < N_ROWS * N_IN; i++) {  /* rows 3k: +127, 3k + 1: -127, 3k + 2: alternating per 16 */
+        const int r = i / N_IN;
+        x[i] = r % 3 == 0 ? 127.0f : r % 3 == 1 ? -127.0f : (i / 16) % 2 ? 127.0f : -127.0f;
+    }
     cb_block_q8k *xk = malloc(sizeof(cb_block_q8k) * N_ROWS * (N_IN / 256));
     for (int r = 0; r < N_ROWS; r++) cb_kq_quantize_q8k_scalar(x + r * N_IN, xk + r * (N_IN / 256), N_IN);
     float y[3][N_ROWS * N_OUT];
@@ -221,6 +223,44 @@ static void test_matmul_extremes(int type) {
     free(w); free(x); free(wf); free(xk);
 }
 
+/* AMX tiles (16-row tiles of prefill-sized batches at the AVX-512 level)
+ * against the scalar path and against the same level with AMX off: the
+ * same bits, over several row blocks and staged super-block chunks, a
+ * partial last panel, a row tail for VNNI, and a sub-range of outputs. */
+static void test_matmul_amx(int type) {
+    enum { N_OUT = 37, N_IN = 10 * 256, N_ROWS = 16 * 9 + 5 };
+    if (cb_simd_detect() < CB_SIMD_AVX512) return;
+    const int had = cb_amx_active();
+    if (!had) printf("kquants: AMX not active on this machine; its kernel is not exercised\n");
+    const size_t rb = cb_kq_block_bytes(type) * (N_IN / 256);
+    uint8_t *w = malloc(rb * N_OUT);
+    float *x = malloc(sizeof(float) * N_ROWS * N_IN);
+    cb_block_q8k *xk = malloc(sizeof(cb_block_q8k) * N_ROWS * (N_IN / 256));
+    float *y0 = malloc(sizeof(float) * N_ROWS * N_OUT), *ya = malloc(sizeof(float) * N_ROWS * N_OUT),
+          *yv = malloc(sizeof(float) * N_ROWS * N_OUT), *ys = malloc(sizeof(float) * N_ROWS * N_OUT);
+    for (int o = 0; o < N_OUT; o++) random_row(type, w + (size_t)o * rb, N_IN);
+    for (int i = 0; i < N_ROWS * N_IN; i++) x[i] = rndf() * (1.0f + (float)(i % 7));
+    for (int r = 0; r < N_ROWS; r++) cb_kq_quantize_q8k_scalar(x + r * N_IN, xk + r * (N_IN / 256), N_IN);
+    cb_weight wt = { type, N_IN, N_OUT, w, rb, NULL };
+    cb_kq_matmul_rows(CB_SIMD_SCALAR, &wt, NULL, xk, N_ROWS, y0, N_OUT, 0, N_OUT);
+    void *pk = cb_pack_alloc(&wt);
+    CHECK(pk != NULL);
+    cb_kq_matmul_rows(CB_SIMD_AVX512, &wt, NULL, xk, N_ROWS, ya, N_OUT, 0, N_OUT);
+    CHECK(cb_amx_enable(0) == 0);
+    cb_kq_matmul_rows(CB_SIMD_AVX512, &wt, NULL, xk, N_ROWS, yv, N_OUT, 0, N_OUT);
+    CHECK(cb_amx_enable(1) == had);
+    CHECK_MSG(memcmp(ya, y0, sizeof(float) * N_ROWS * N_OUT) == 0, "type %d: AMX differs from scalar", type);
+    CHECK_MSG(memcmp(yv, y0, sizeof(float) * N_ROWS * N_OUT) == 0, "type %d: VNNI differs from scalar", type);
+    /* outputs [16, 37) of rows [5, 5 + 32): another tile grouping of the same rows */
+    memset(ys, 0, sizeof(float) * N_ROWS * N_OUT);
+    cb_kq_matmul_rows(CB_SIMD_AVX512, &wt, NULL, xk + 5 * (N_IN / 256), 32, ys, N_OUT, 16, N_OUT);
+    int bad = 0;
+    for (int r = 0; r < 32; r++)
+        bad += memcmp(ys + r * N_OUT + 16, y0 + (r + 5) * N_OUT + 16, sizeof(float) * (N_OUT - 16)) != 0;
+    CHECK_MSG(bad == 0, "type %d: %d rows differ in a sub-range", type, bad);
+    free(pk); free(w); free(x); free(xk); free(y0); free(ya); free(yv); free(ys);
+}
+
 int main(void) {
     CHECK(cb_kq_block_bytes(CB_TYPE_Q4_K) == 144 && sizeof(cb_block_q4_K) == 144);
     CHECK(cb_kq_block_bytes(CB_TYPE_Q5_K) == 176 && sizeof(cb_block_q5_K) == 176);
@@ -236,5 +276,8 @@ int main(void) {
     test_matmul_extremes(CB_TYPE_Q4_K);
     test_matmul_extremes(CB_TYPE_Q5_K);
     test_matmul_extremes(CB_TYPE_Q6_K);
+    test_matmul_amx(CB_TYPE_Q4_K);
+    test_matmul_amx(CB_TYPE_Q5_K);
+    test_matmul_amx(CB_TYPE_Q6_K);
     return cb_test_report("kquants");
 }
