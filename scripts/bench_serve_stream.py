@@ -19,8 +19,11 @@ Throughput: the same prompts at the same concurrency, (a) streamed through
 wall time (HTTP: from the first request sent to the last content chunk
 read).  The client runs on the same cores as the server, so it keeps its
 own work out of the streaming window: it stamps and stores each line and
-parses the JSON after its stream ends.  Both read the same engine, so the ratio is what the HTTP path
-costs.  The code under test is whatever `colibri_lab` imports (run it from
+parses the JSON after its stream ends.  With `--pin` it runs on other cores
+(this process on the first --threads cores, the client on the rest), as a
+client on another machine would: the ratio is then the server's own cost,
+not the server's plus a loopback client's.  Both read the same engine, so the
+ratio is what the HTTP path costs.  The code under test is whatever `colibri_lab` imports (run it from
 two checkouts, interleaved, for a before / after).
 """
 from __future__ import annotations
@@ -35,8 +38,10 @@ import threading
 import time
 
 CLIENT = r"""
-import json, selectors, socket, sys, time
+import json, os, selectors, socket, sys, time
 port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+if os.environ.get("BENCH_CLIENT_CPUS"):   # --pin: the client on cores the server does not use
+    os.sched_setaffinity(0, [int(c) for c in os.environ["BENCH_CLIENT_CPUS"].split(",")])
 # one thread, every stream on one selector: each recv is stamped when it returns and kept whole;
 # the lines are split and parsed after the last stream ends (the client shares the server's cores)
 sel, got, socks = selectors.DefaultSelector(), {}, []
@@ -88,8 +93,10 @@ print(json.dumps({"recv": out, "wall": last - t0, "cpu": cpu}))
 """
 
 CLIENT_THREADS = r"""
-import http.client, json, sys, threading, time
+import http.client, json, os, sys, threading, time
 port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+if os.environ.get("BENCH_CLIENT_CPUS"):
+    os.sched_setaffinity(0, [int(c) for c in os.environ["BENCH_CLIENT_CPUS"].split(",")])
 out = {}
 def one(i, p):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
@@ -357,8 +364,20 @@ def main():
     ap.add_argument("--client", choices=["select", "threads"], default="select",
                     help="the streaming client: one thread on a selector (default), or a thread per stream "
                          "reading lines (runs 1 and 2 of docs/bench/serve.md)")
+    ap.add_argument("--pin", action="store_true",
+                    help="this process (engine pool, scheduler, HTTP threads, the direct run's readers) on the "
+                         "first --threads cores, the client on the others, so the client's reads take no "
+                         "time from the server's cores (needs more cores than --threads)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    pin = None
+    if a.pin:   # before the engine starts: its pool threads inherit the affinity
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) <= a.threads:
+            ap.error(f"--pin needs more cores than --threads ({len(cpus)} cores, {a.threads} threads)")
+        pin = {"server": cpus[:a.threads], "client": cpus[a.threads:]}
+        os.sched_setaffinity(0, pin["server"])
+        os.environ["BENCH_CLIENT_CPUS"] = ",".join(map(str, pin["client"]))
 
     from colibri_lab.engine import Engine
     from colibri_lab.scheduler import Scheduler
@@ -386,7 +405,8 @@ def main():
     import colibri_lab
 
     client = CLIENT if a.client == "select" else CLIENT_THREADS
-    out = {"commit": os.environ.get("BENCH_COMMIT", ""), "package": colibri_lab.__file__, "client": a.client, "runs": [],
+    out = {"commit": os.environ.get("BENCH_COMMIT", ""), "package": colibri_lab.__file__, "client": a.client, "pin": pin,
+           "threads": a.threads, "model": a.model, "runs": [],
            "load_before": os.getloadavg()}
     try:
         run_http(eng, srv, stamped, 2, 8, client)  # warm-up
