@@ -251,7 +251,8 @@ tables, none is typed by hand; the claims are the ones the run's notebook comput
 checked (`colibri_lab/experiments/verdicts.py`). Every timing is a median over requests or a
 paired ratio (variant / baseline, same prompt, repeat and seed) with a seeded 95 % bootstrap
 interval; a variant *wins* only when the whole interval is on the good side of 1. The
-machine is a small VM (2 vCPUs, AMD EPYC Zen 5, cpu family 26); runs from 2026-12-02 on were made under the
+machines are small VMs (2 vCPUs; the CPUs of the runs on this page: {cpus}; each section
+names its own, and figures from two CPUs are not comparable); runs from 2026-12-02 on were made under the
 bench lock (no other benchmark at the same time), earlier ones on a machine shared with other
 jobs: the load average before and after is in each section. The machine schedules by
 autogroup, so other sessions' nice-19 builds still took CPU from the first runs of
@@ -274,7 +275,8 @@ def main(argv=None) -> int:
         print(section(Path(a.section).resolve()))
         return 0
     runs = latest_runs(Path(a.root).resolve())
-    parts = [HEAD]
+    cpus = sorted({provenance(load_results(r).meta)["cpu"] for r in runs})   # what the runs say, not typed
+    parts = [HEAD.format(cpus=", ".join(cpus) or "?")]
     for name in dict.fromkeys(r.parent.name for r in runs):   # one part per experiment, every model in it
         mine = [r for r in runs if r.parent.name == name]
         title = TITLES.get(name, (name, ""))[0]
