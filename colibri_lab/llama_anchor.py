@@ -39,9 +39,11 @@ def _cpu_has_amx() -> bool:
 
 def extra_bufts() -> bool:
     """Whether the anchor opens models with use_extra_bufts on (see the module doc)."""
-    forced = os.environ.get(EXTRA_BUFTS_ENV)
+    forced = os.environ.get(EXTRA_BUFTS_ENV, "")
     if forced in ("0", "1"):
         return forced == "1"
+    if forced:   # a typo would otherwise measure the anchor in the setting nobody asked for
+        raise ValueError(f"{EXTRA_BUFTS_ENV}={forced!r}: use 0 (off), 1 (on) or leave it unset (automatic)")
     return not _cpu_has_amx()
 
 

@@ -20,6 +20,13 @@ def test_extra_bufts_are_off_on_amx_cpus_only(tmp_path, monkeypatch, flags, want
     assert llama_anchor.extra_bufts() is want
 
 
+@pytest.mark.parametrize("bad", ["yes", "true", " 1", "2"])
+def test_an_unknown_override_is_refused_naming_the_variable(monkeypatch, bad):
+    monkeypatch.setenv(llama_anchor.EXTRA_BUFTS_ENV, bad)
+    with pytest.raises(ValueError, match=llama_anchor.EXTRA_BUFTS_ENV):
+        llama_anchor.extra_bufts()
+
+
 @pytest.mark.parametrize("forced", ["0", "1"])
 def test_the_environment_overrides_the_choice(monkeypatch, forced):
     monkeypatch.setenv(llama_anchor.EXTRA_BUFTS_ENV, forced)

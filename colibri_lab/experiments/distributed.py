@@ -45,7 +45,6 @@ import contextlib
 import contextvars
 import math
 import os
-import platform
 import socket
 import threading
 import time
@@ -270,18 +269,10 @@ def factory_key(factory) -> str:
 
 
 def worker_info(address: str) -> dict:
-    """The machine a worker runs on."""
-    from colibri_lab.experiments.results import cpu_model
+    """The machine a worker runs on (results.machine_info, with the worker's address, host and pid)."""
+    from colibri_lab.experiments.results import machine_info
 
-    try:
-        from colibri_lab import _engine
-
-        simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available()),
-                "amx": _engine.amx_active()}
-    except Exception as exc:
-        simd = {"error": str(exc)}
-    return {"address": address, "hostname": socket.gethostname(), "pid": os.getpid(), "cpu": cpu_model(),
-            "n_cpus": os.cpu_count(), "platform": platform.platform(), "simd": simd}
+    return {"address": address, "hostname": socket.gethostname(), "pid": os.getpid(), **machine_info()}
 
 
 def _worker_address() -> str:

@@ -382,12 +382,9 @@ def provenance_line(meta: dict) -> str:
     return " | ".join(parts)
 
 
-def collect_metadata(spec, variants, engines: dict, load_before: dict | None = None) -> dict:
-    """Provenance of a run: experiment spec, resolved variants, engines (params,
-    model file and sha256), git commit and dirty flag, machine, SIMD path,
-    package versions, date and the load average before (`load_before`, taken
-    by the caller when the run started) and after (now)."""
-    simd = {}
+def machine_info() -> dict:
+    """The machine this process runs on: CPU model, CPU count, platform and the engine's SIMD
+    levels (detected, available, AMX tiles on); recorded with every run and every Dask worker."""
     try:
         from colibri_lab import _engine
 
@@ -395,13 +392,20 @@ def collect_metadata(spec, variants, engines: dict, load_before: dict | None = N
                 "amx": _engine.amx_active()}
     except Exception as exc:  # the extension may be missing when only analysing
         simd = {"error": str(exc)}
+    return {"cpu": cpu_model(), "n_cpus": os.cpu_count(), "platform": platform.platform(), "simd": simd}
+
+
+def collect_metadata(spec, variants, engines: dict, load_before: dict | None = None) -> dict:
+    """Provenance of a run: experiment spec, resolved variants, engines (params,
+    model file and sha256), git commit and dirty flag, machine, SIMD path,
+    package versions, date and the load average before (`load_before`, taken
+    by the caller when the run started) and after (now)."""
     return {
         "experiment": spec.as_dict(),
         "variants": [v.as_dict() for v in variants],
         "engines": engines,
         "git": git_state(),
-        "machine": {"cpu": cpu_model(), "n_cpus": os.cpu_count(), "platform": platform.platform(),
-                    "simd": simd},
+        "machine": machine_info(),
         "versions": package_versions(),
         "load": {"before": load_before, "after": load_average()},
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
