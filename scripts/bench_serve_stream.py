@@ -37,11 +37,16 @@ import sys
 import threading
 import time
 
-CLIENT = r"""
-import json, os, selectors, socket, sys, time
-port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
-if os.environ.get("BENCH_CLIENT_CPUS"):   # --pin: the client on cores the server does not use
+# both clients start here: with --pin, the client on the cores the server does not use
+CLIENT_START = r"""
+import os, sys
+if os.environ.get("BENCH_CLIENT_CPUS"):
     os.sched_setaffinity(0, [int(c) for c in os.environ["BENCH_CLIENT_CPUS"].split(",")])
+"""
+
+CLIENT = CLIENT_START + r"""
+import json, selectors, socket, time
+port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
 # one thread, every stream on one selector: each recv is stamped when it returns and kept whole;
 # the lines are split and parsed after the last stream ends (the client shares the server's cores)
 sel, got, socks = selectors.DefaultSelector(), {}, []
@@ -92,11 +97,9 @@ last = max((o["chunks"][-1][0] for o in out.values() if o["chunks"]), default=ti
 print(json.dumps({"recv": out, "wall": last - t0, "cpu": cpu}))
 """
 
-CLIENT_THREADS = r"""
-import http.client, json, os, sys, threading, time
+CLIENT_THREADS = CLIENT_START + r"""
+import http.client, json, threading, time
 port, prompts, max_tokens = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
-if os.environ.get("BENCH_CLIENT_CPUS"):
-    os.sched_setaffinity(0, [int(c) for c in os.environ["BENCH_CLIENT_CPUS"].split(",")])
 out = {}
 def one(i, p):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)

@@ -14,6 +14,7 @@ each experiment comes from.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -275,7 +276,8 @@ def main(argv=None) -> int:
         print(section(Path(a.section).resolve()))
         return 0
     runs = latest_runs(Path(a.root).resolve())
-    cpus = sorted({provenance(load_results(r).meta)["cpu"] for r in runs})   # what the runs say, not typed
+    # what the runs say, not typed; meta.json alone (the tables are loaded once, by section())
+    cpus = sorted({provenance(json.loads((r / "meta.json").read_text()))["cpu"] for r in runs})
     parts = [HEAD.format(cpus=", ".join(cpus) or "?")]
     for name in dict.fromkeys(r.parent.name for r in runs):   # one part per experiment, every model in it
         mine = [r for r in runs if r.parent.name == name]
