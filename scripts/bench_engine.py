@@ -668,7 +668,8 @@ def main(argv=None):
     args.batched_threads = [int(x) for x in args.batched_threads.split(",")]
     sections = set(args.sections.split(","))
 
-    from colibri_lab import _engine
+    from colibri_lab import _engine, models
+    args.model = str(models.resolve(args.model))  # an alias (qwen2.5-coder-1.5b) or a GGUF path
     mach = machine()
     model = _engine.Model(args.model)
     need_lc = sections & {"decode", "prefill", "agree", "roofline"}
