@@ -1,5 +1,5 @@
 """Our own SIMD levels against each other: teacher-forced top-1 agreement and KL
-of the AVX2 and scalar kernels against the AVX-512 ones, same file, same ids
+of every level this machine has against its fastest one, same file, same ids
 (tests/fixtures/quality_text.txt), through experiments.numerics.compare_sequence.
 
 The levels differ only in summation order and in the last bits of exp / tanh
@@ -13,6 +13,7 @@ floor: the calibration for docs/bench/quality.md's top-1 bar.
 import argparse
 from pathlib import Path
 
+from colibri_lab import _engine
 from colibri_lab.engine import Engine
 from colibri_lab.experiments.numerics import compare_sequence
 
@@ -26,12 +27,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     text = TEXT.read_text(encoding="utf-8")
-    print("| model | level | top-1 agree vs avx512 | KL mean | perplexity |")
+    levels = _engine.simd_available()[::-1]  # fastest first: the baseline
+    print(f"| model | level | top-1 agree vs {levels[0]} | KL mean | perplexity |")
     print("|---|---|---|---|---|")
     for m in args.models:
-        engs = {s: Engine(m, n_threads=args.threads, n_ctx=4096, simd=s) for s in ("avx512", "avx2", "scalar")}
-        ids = engs["avx512"].tokenize(text, parse_special=False)
-        for level, r in compare_sequence(engs, "avx512", ids).items():
+        engs = {s: Engine(m, n_threads=args.threads, n_ctx=4096, simd=s) for s in levels}
+        ids = engs[levels[0]].tokenize(text, parse_special=False)
+        for level, r in compare_sequence(engs, levels[0], ids).items():
             print(f"| {m} | {level} | {100 * r['top1_agree']:.1f}% | {r['kl_mean']:.5f} | {r['perplexity']:.3f} |",
                   flush=True)
         for e in engs.values():
