@@ -83,6 +83,43 @@ def test_simd_levels_agree_closely():
         assert _rel(y, base) <= 1e-5, s
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0], ids=lambda t: t.name)
+def test_avx2_panels_match_avx512_bits(qtype):
+    """Q4_0, Q4_1 and Q5_0 run panel kernels at AVX2 and AVX-512 with the same
+    exact integer sums and the same float steps per output lane: the two
+    levels give the same bits, in 8-row tiles, 4-row tiles and tails, for a
+    partial last panel and on 1 and 3 threads."""
+    _need("avx2")
+    _need("avx512")
+    rng = np.random.default_rng(11)
+    n_out, n_in, n_rows = 45, 896, 15
+    raw, _ = _weights(qtype, n_out, n_in, rng)
+    x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+    x[2] *= 1e-20  # tiny and huge rows: the scales' float range
+    x[3] *= 1e20
+    x[4, 64:96] = 0.0  # a zero activation block
+    ref = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, "avx512", 1)
+    for n_threads in (1, 3):
+        y = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, "avx2", n_threads)
+        assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), n_threads
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0, Q.Q8_0], ids=lambda t: t.name)
+def test_avx2_row_kernels_past_the_panel_limit(qtype):
+    """Rows longer than the panel layout takes (4096 blocks) keep the file
+    layout, and AVX2 runs its row kernels on them; Q8_0 always does."""
+    _need("avx2")
+    rng = np.random.default_rng(13)
+    n_out, n_in, n_rows = 3, 32 * 4100, 2
+    raw, wd = _weights(qtype, n_out, n_in, rng)
+    x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+    y = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, "avx2", 2)
+    assert _rel(y, x.astype(np.float64) @ wd.T) <= 2e-2
+    alone = np.stack([_engine.kernel_matmul(int(qtype), raw, n_out, n_in, x[r:r + 1], "avx2", 1)[0]
+                      for r in range(n_rows)])
+    assert np.array_equal(y.view(np.uint32), alone.view(np.uint32))
+
+
 def test_bad_arguments_raise():
     rng = np.random.default_rng(1)
     raw, _ = _weights(Q.Q8_0, 4, 64, rng)

@@ -558,8 +558,16 @@ void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n
 
 int cb_pack_wanted(int simd, int type) {
     if (simd == CB_SIMD_AVX512) return cb_pack_block_bytes(type) != 0;
-    if (simd == CB_SIMD_AVX2) return type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K;
+    if (simd == CB_SIMD_AVX2) return type != CB_TYPE_Q8_0 && cb_pack_block_bytes(type) != 0;
     return 0;
+}
+
+void cb_q8_offsets(const cb_block_q8 *xq, int64_t n, int32_t k, int32_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < CB_QK; j++) sum += xq[i].qs[j];
+        out[i] = k * sum;
+    }
 }
 
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out) {

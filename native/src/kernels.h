@@ -111,7 +111,7 @@ typedef struct {
 } cb_weight;
 
 /* Panel layout of quantized matrices, built once at model load for the
- * AVX-512 kernels (the scalar and AVX2 kernels read `data`).
+ * AVX-512 and AVX2 kernels (the scalar kernels read `data`).
  *
  * Why: in the file layout the 32 weights of one block of one output row are
  * contiguous, so an int8 dot product ends with 32 partial sums of ONE output
@@ -187,9 +187,13 @@ static inline size_t cb_pack_block_bytes(int type) {
     }
 }
 /* 1 if the kernels of SIMD level `simd` read matrices of `type` in the
- * panel layout: every packable type at AVX-512, the K-quants Q4_K / Q5_K /
- * Q6_K at AVX2 (two halves of 8 outputs per panel), none at scalar. */
+ * panel layout: every packable type at AVX-512, all but Q8_0 at AVX2 (there
+ * as two halves of 8 outputs per panel), none at scalar. */
 int cb_pack_wanted(int simd, int type);
+/* out[i] = k * (sum of the 32 activation bytes of xq[i]) for n blocks: the
+ * exact starts of the panel kernels' integer sums for weights stored
+ * unsigned (Q4_0: k = -8, Q5_0: -16, Q8_0 as q + 128: -128). */
+void cb_q8_offsets(const cb_block_q8 *xq, int64_t n, int32_t k, int32_t *out);
 /* Bytes of the panel layout of a type's n_out x n_in matrix (0: none,
  * including rows past CB_PACK_MAX_BLOCKS). */
 size_t cb_pack_bytes(int type, int64_t n_in, int64_t n_out);

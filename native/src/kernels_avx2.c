@@ -165,6 +165,181 @@ T2 static void matmul_q8_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows
     matmul_q(CB_TYPE_Q8_0, w, xq, n_rows, y, ldy, o0, o1);
 }
 
+/* ------------------------------------------- panel kernels (legacy types)
+ *
+ * Q4_0, Q4_1 and Q5_0 matrices packed at model load (the panel layout
+ * of kernels.h, the one kernels_avx512.c reads) run here as two halves of 8
+ * outputs: each 64-byte chunk row of a panel block is two ymm of 8 outputs x
+ * 4 weights, so vpmaddubsw against 4 broadcast activation bytes leaves each
+ * output's pair sums in its own lane and the float work of a block is one
+ * vector per 8 outputs, not one per output as in the row kernels above.
+ * Weights as the panel stores them: Q4_0 / Q4_1 nibbles 0..15, Q5_0 0..31
+ * (the fifth bit added), their int16 sums over 8 (Q4) or 4 (Q5_0) chunks
+ * bounded by 30480 / 31496.  Per (row r, output lane), in block order, the
+ * AVX-512 kernel's steps:
+ *   isum = c_rb + sum of the products   (exact integers; c_rb = -8 / -16 *
+ *                                        sum(q_x) for Q4_0 / Q5_0, Q4_1 0)
+ *   acc  = fma(float(isum) * dx_rb, dw, acc)
+ *   Q4_1: acc = fma(mw, s_rb, acc)
+ * so these types give the AVX-512 level's bits, and a row's outputs never
+ * depend on the tile, the panel's place in the work split or the thread.
+ * Q8_0 keeps the row kernel: its signed bytes need the sign trick per row
+ * and chunk, and the panel form of it measured slower at 4 and 8 rows
+ * (bench_kquants, AVX2 level, Intel Xeon). */
+
+/* Activation rows per tile: each block's weights are decoded once per tile;
+ * 8 rows against 4: Q5_0 +10%, Q4_0 / Q4_1 +3-5% at prefill shapes
+ * (bench_kquants, AVX2 level, Intel Xeon). */
+#define PT2_ROWS 8
+#define PT2_PF_PANELS 2  /* panels between a panel's software prefetch and its use (as kernels_avx512.c) */
+
+typedef int32_t i32u2 __attribute__((may_alias, aligned(1)));
+
+/* The 8 weight vectors (chunks 0..7, 4 weights x 8 outputs each) of half hv
+ * of the panel block at p. */
+T2 static INL void p2_weights(const int type, const uint8_t *p, int hv, __m256i *W) {
+    const uint8_t *q = p + (type == CB_TYPE_Q4_1 ? 64 : type == CB_TYPE_Q5_0 ? 96 : 32) + 32 * hv;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * c));
+        W[c] = _mm256_and_si256(v, lo4);
+        W[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+    }
+    if (type == CB_TYPE_Q5_0) {
+        /* byte c of each output's regrouped qh word holds the fifth bits of
+         * chunk c (low nibbles' in bits 0..3, high nibbles' in 4..7): copy it
+         * to the output's 4 bytes, keep bit t of byte t, 0x10 where set */
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * hv));
+        const __m256i route = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808,
+                                                0x0C0C0C0C);
+        const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32((int)0x80402010u);
+        const __m256i b16 = _mm256_set1_epi8(16);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m256i hb = _mm256_shuffle_epi8(qh, _mm256_add_epi8(route, _mm256_set1_epi8((char)c)));
+            W[c] = _mm256_or_si256(W[c], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit_lo), bit_lo), b16));
+            W[c + 4] = _mm256_or_si256(W[c + 4],
+                                       _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit_hi), bit_hi), b16));
+        }
+    }
+}
+
+/* The integer sum of one activation block x4 (8 x 4 bytes) against the
+ * weights W of 8 outputs, started at c (exact). */
+T2 static INL __m256i p2_isum(const int type, const __m256i *W, const i32u2 *x4, int32_t c) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_set1_epi32(c);
+    __m256i p16 = _mm256_maddubs_epi16(W[0], _mm256_set1_epi32(x4[0]));
+#pragma GCC unroll 3
+    for (int g = 1; g < 4; g++) p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(W[g], _mm256_set1_epi32(x4[g])));
+    if (type == CB_TYPE_Q5_0) {  /* 0..31: four chunks per int16 sum */
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, ones));
+        p16 = _mm256_maddubs_epi16(W[4], _mm256_set1_epi32(x4[4]));
+    } else {
+        p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(W[4], _mm256_set1_epi32(x4[4])));
+    }
+#pragma GCC unroll 3
+    for (int g = 5; g < 8; g++) p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(W[g], _mm256_set1_epi32(x4[g])));
+    return _mm256_add_epi32(s, _mm256_madd_epi16(p16, ones));
+}
+
+/* One panel (16 outputs, the first no of them wanted) x R activation rows
+ * over all nb blocks: blocks outer and the two halves inner, so each 64-byte
+ * panel row is consumed whole while it is in L1; pf: the panel
+ * PT2_PF_PANELS ahead, prefetched into L2 block by block (first row tile). */
+T2 static INL void p2_tile(const int type, const int R, const uint8_t *panel, int64_t nb, const cb_block_q8 *xr,
+                           const int32_t *xc, float *y, int64_t ldy, int no, const uint8_t *pf) {
+    const size_t pb = cb_pack_block_bytes(type);  /* constant: the prefetch loop unrolls */
+    _Alignas(32) float acc[2][PT2_ROWS][8];
+    const int nh = no > 8 ? 2 : 1;
+    for (int hv = 0; hv < 2; hv++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) _mm256_store_ps(acc[hv][r], _mm256_setzero_ps());
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = panel + (size_t)b * pb;
+        if (pf)
+#pragma GCC unroll 16
+            for (size_t off = 0; off < pb; off += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + off, _MM_HINT_T1);
+        for (int hv = 0; hv < nh; hv++) {
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * hv)));
+            const __m256 mw = type == CB_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * hv)))
+                                                   : _mm256_setzero_ps();
+            __m256i W[8];
+            p2_weights(type, p, hv, W);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const cb_block_q8 *xb = xr + (int64_t)r * nb + b;
+                const __m256i s = p2_isum(type, W, (const i32u2 *)xb->qs, xc ? xc[(int64_t)r * nb + b] : 0);
+                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(xb->d));
+                __m256 a = _mm256_fmadd_ps(t, dw, _mm256_load_ps(acc[hv][r]));
+                if (type == CB_TYPE_Q4_1) a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), a);
+                _mm256_store_ps(acc[hv][r], a);
+            }
+        }
+    }
+    for (int hv = 0; hv < nh; hv++) {
+        const int n = no - 8 * hv < 8 ? no - 8 * hv : 8;
+        for (int r = 0; r < R; r++) memcpy(y + (int64_t)r * ldy + 8 * hv, acc[hv][r], (size_t)n * sizeof(float));
+    }
+}
+
+/* Panels over outputs [o0, o1) (o0 a multiple of CB_PANEL) for rows
+ * [0, n_rows): panel outer (its weights stay in L1/L2), row tiles inner. */
+T2 static INL void p2_rows(const int type, const cb_weight *w, const cb_block_q8 *xq, const int32_t *xc,
+                           int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t nb = w->n_in / CB_QK;
+    const size_t psz = (size_t)nb * cb_pack_block_bytes(type);
+    for (int64_t o = o0; o < o1; o += CB_PANEL) {
+        const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
+        const int no = (int)(o1 - o < CB_PANEL ? o1 - o : CB_PANEL);
+        const uint8_t *pf = o + PT2_PF_PANELS * CB_PANEL < w->n_out ? panel + PT2_PF_PANELS * psz : NULL;
+        for (int r = 0, R; r < n_rows; r += R, pf = NULL) {
+            R = n_rows - r >= 8 ? 8 : n_rows - r >= 4 ? 4 : n_rows - r;  /* tiles of 8, then 4, then the tail */
+            const cb_block_q8 *xr = xq + (int64_t)r * nb;
+            const int32_t *xcr = xc ? xc + (int64_t)r * nb : NULL;
+            float *yr = y + r * ldy + o;
+            switch (R) {  /* a constant row count per call: the row loops unroll */
+            case 8: p2_tile(type, 8, panel, nb, xr, xcr, yr, ldy, no, pf); break;
+            case 4: p2_tile(type, 4, panel, nb, xr, xcr, yr, ldy, no, pf); break;
+            case 3: p2_tile(type, 3, panel, nb, xr, xcr, yr, ldy, no, pf); break;
+            case 2: p2_tile(type, 2, panel, nb, xr, xcr, yr, ldy, no, pf); break;
+            default: p2_tile(type, 1, panel, nb, xr, xcr, yr, ldy, no, pf); break;
+            }
+        }
+    }
+}
+
+/* Q4_0 / Q5_0: each (row, block) sum starts at -8 / -16 times the sum of the
+ * activation bytes (cb_q8_offsets), for groups of rows at a time. */
+T2 static INL void matmul_p2(const int type, const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                             int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t nb = w->n_in / CB_QK;
+    if (nb <= 0) return;
+    if (type == CB_TYPE_Q4_1) { p2_rows(type, w, xq, NULL, n_rows, y, ldy, o0, o1); return; }
+    _Alignas(32) int32_t xc[CB_PACK_MAX_BLOCKS];
+    int64_t g = CB_PACK_MAX_BLOCKS / nb;  /* rows per group (>= 1: packed rows have <= that many blocks) */
+    if (g >= PT2_ROWS) g -= g % PT2_ROWS;
+    for (int r0 = 0; r0 < n_rows; r0 += (int)g) {
+        const int r1 = r0 + g < n_rows ? r0 + (int)g : n_rows;
+        cb_q8_offsets(xq + (int64_t)r0 * nb, (int64_t)(r1 - r0) * nb, type == CB_TYPE_Q5_0 ? -16 : -8, xc);
+        p2_rows(type, w, xq + (int64_t)r0 * nb, xc, r1 - r0, y + (int64_t)r0 * ldy, ldy, o0, o1);
+    }
+}
+
+T2 static void matmul_p2_4_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                             int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_p2(CB_TYPE_Q4_0, w, xq, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_p2_4_1(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                             int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_p2(CB_TYPE_Q4_1, w, xq, n_rows, y, ldy, o0, o1);
+}
+T2 static void matmul_p2_5_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows, float *y,
+                             int64_t ldy, int64_t o0, int64_t o1) {
+    matmul_p2(CB_TYPE_Q5_0, w, xq, n_rows, y, ldy, o0, o1);
+}
+
 /* ----------------------------------------------------------- float matmul */
 
 /* 8 weights from element i (n - i >= 8). */
@@ -247,11 +422,11 @@ T2 static void matmul_bf16(const cb_weight *w, const float *xf, int n_rows, floa
 static void matmul_rows_avx2(const cb_weight *w, const cb_block_q8 *xq, const float *xf,
                              int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     switch (w->type) {
-    case CB_TYPE_Q4_0: matmul_q4_0(w, xq, n_rows, y, ldy, o0, o1); break;
-    case CB_TYPE_Q4_1: matmul_q4_1(w, xq, n_rows, y, ldy, o0, o1); break;
-    case CB_TYPE_Q5_0: matmul_q5_0(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q4_0: (w->packed ? matmul_p2_4_0 : matmul_q4_0)(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q4_1: (w->packed ? matmul_p2_4_1 : matmul_q4_1)(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q5_0: (w->packed ? matmul_p2_5_0 : matmul_q5_0)(w, xq, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_Q5_1: matmul_q5_1(w, xq, n_rows, y, ldy, o0, o1); break;
-    case CB_TYPE_Q8_0: matmul_q8_0(w, xq, n_rows, y, ldy, o0, o1); break;
+    case CB_TYPE_Q8_0: matmul_q8_0(w, xq, n_rows, y, ldy, o0, o1); break;  /* packed or not: the row kernel */
     case CB_TYPE_F32:  matmul_f32(w, xf, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_F16:  matmul_f16(w, xf, n_rows, y, ldy, o0, o1); break;
     case CB_TYPE_BF16: matmul_bf16(w, xf, n_rows, y, ldy, o0, o1); break;

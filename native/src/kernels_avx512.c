@@ -292,12 +292,7 @@ T512 static INL void matmul_p(const int type, const cb_weight *w, const cb_block
     if (g >= PT_ROWS) g -= g % PT_ROWS;
     for (int r0 = 0; r0 < n_rows; r0 += (int)g) {
         const int r1 = r0 + g < n_rows ? r0 + (int)g : n_rows;
-        for (int64_t i = 0; i < (int64_t)(r1 - r0) * nb; i++) {
-            const int8_t *qs = xq[(int64_t)r0 * nb + i].qs;
-            int32_t sum = 0;
-            for (int j = 0; j < CB_QK; j++) sum += qs[j];
-            xc[i] = k * sum;
-        }
+        cb_q8_offsets(xq + (int64_t)r0 * nb, (int64_t)(r1 - r0) * nb, k, xc);
         p_rows(type, w, xq + (int64_t)r0 * nb, xc, r1 - r0, y + (int64_t)r0 * ldy, ldy, o0, o1);
     }
 }

@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     const cb_kernels *k = cb_kernels_get(simd);
     const int64_t n_out = argc > 2 ? atoi(argv[2]) : 8960, n_in = argc > 4 ? atoi(argv[4]) : 1536;
     const size_t total = (size_t)(argc > 3 ? atoi(argv[3]) : 512) << 20;
-    const int types[] = { CB_TYPE_Q4_K, CB_TYPE_Q6_K, CB_TYPE_Q5_0, CB_TYPE_Q8_0, CB_TYPE_Q5_K };
+    const int types[] = { CB_TYPE_Q4_K, CB_TYPE_Q6_K, CB_TYPE_Q5_0, CB_TYPE_Q8_0, CB_TYPE_Q5_K, CB_TYPE_Q4_1, CB_TYPE_Q4_0 };
     float *x = malloc(sizeof(float) * (size_t)n_in * rows);
     float *y = malloc(sizeof(float) * (size_t)n_out * rows);
     for (int64_t i = 0; i < n_in * rows; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 500.0f;
@@ -120,14 +120,15 @@ int main(int argc, char **argv) {
             const uint16_t h = 0x2000 + (rnd() & 0x3FF);
             switch (type) {
             case CB_TYPE_Q6_K: memcpy(blk + 208, &h, 2); break;
-            case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: memcpy(blk, &h, 2); memcpy(blk + 2, &h, 2); break;
+            case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: case CB_TYPE_Q4_1: memcpy(blk, &h, 2); memcpy(blk + 2, &h, 2); break;
             default: memcpy(blk, &h, 2); break;
             }
         }
         for (int i = 0; i < n_mat; i++) {
             w[i].type = type; w[i].n_in = n_in; w[i].n_out = n_out; w[i].data = raw;
             w[i].row_bytes = cb_type_size(type, n_in);
-            if (cb_pack_wanted(simd, type) && !getenv("CB_BENCH_UNPACKED")) cb_pack_alloc(&w[i]);
+            if (cb_pack_wanted(simd, type) && !(getenv("CB_BENCH_UNPACKED") && atoi(getenv("CB_BENCH_UNPACKED"))))
+                cb_pack_alloc(&w[i]);
         }
         uint8_t *reads = w[0].packed ? NULL : cb_big_alloc(mbytes * (size_t)n_mat);
         const int fmt = cb_type_act(type);

@@ -228,12 +228,12 @@ static int64_t ref_first_max(const float *x, int64_t n, float *max) {
     return at;
 }
 
-/* AVX-512 reads quantized weights in the panel layout, as the engine packs
- * them at model load; other levels read the file layout.  Sets w->packed
- * and returns the buffer to free (NULL when not packed). */
+/* AVX-512 and AVX2 read quantized weights in the panel layout, as the
+ * engine packs them at model load; scalar reads the file layout.  Sets
+ * w->packed and returns the buffer to free (NULL when not packed). */
 static void *pack_for(const cb_kernels *k, cb_weight *w) {
     w->packed = NULL;
-    if (k->simd != CB_SIMD_AVX512 || !cb_pack_bytes(w->type, w->n_in, w->n_out)) return NULL;
+    if (!cb_pack_wanted(k->simd, w->type) || !cb_pack_bytes(w->type, w->n_in, w->n_out)) return NULL;
     void *p = cb_pack_alloc(w);
     CHECK(p != NULL);
     return p;
