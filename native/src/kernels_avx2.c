@@ -21,6 +21,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define T2  __attribute__((target("avx2,fma,f16c")))
@@ -472,15 +473,202 @@ T2 static void to_f16_avx2(const float *x, uint16_t *y, int64_t n) {
     for (; i < n; i++) y[i] = cb_f32_to_f16(x[i]);
 }
 
-static void attn_avx2(const float *q, int g, int hd, const void *K, const void *V, size_t stride, int kv_f16,
-                      int n_pos, float scale, float *scores, float *out) {
-    cb_attn_generic(dot_f32_avx2, axpy_f32_avx2, from_f16_avx2, q, g, hd, K, V, stride, kv_f16, n_pos, scale,
-                    scores, out);
+/* -------------------------------------------------------------- attention */
+
+/* e^x as 2^n * e^r with n = round(x / ln 2), |r| <= ln 2 / 2, e^r by its
+ * degree-6 Taylor polynomial; x clamped to [-87, 88] (normal floats), 2^n
+ * built in the exponent field (exact, as vscalefps): exp512's values. */
+T2 static INL __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);      /* ln 2, high part */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);          /* ln 2, low part */
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Heads of the V pass that keep their accumulators in registers together,
+ * and head-dim elements per V accumulator group (4 vectors). */
+#define ATTN2_HEADS 2
+#define ATTN2_VDIM  32
+
+/* 8 elements of KV row p from element i on, f16 or f32. */
+T2 static INL __m256 kv_load8(const void *base, size_t stride, int kv_f16, int p, int i) {
+    if (kv_f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + (size_t)p * stride + i)));
+    return _mm256_loadu_ps((const float *)base + (size_t)p * stride + i);
+}
+
+/* Scores of one head for 8 positions (Kb: the 8 K rows as f32, hd apart):
+ * 8 independent fma chains over hd, then lane p = the sum of chain p's 8
+ * lanes by a fixed transpose-add tree (each lane adds only its own chain's
+ * lanes, in one order). */
+T2 static INL __m256 attn_scores8(const float *q, const int hd, const float *Kb) {
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
+    for (int i = 0; i < hd; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) a[p] = _mm256_fmadd_ps(qv, _mm256_load_ps(Kb + p * hd + i), a[p]);
+    }
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  /* per 128-bit half: chains 0-3, 4-7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* out[j][i0 .. i0+31] = sum_p w[j][p] * V[p][i0 ..] for NJ heads, positions
+ * in order (one fma chain per output). */
+T2 static INL void attn_v_block8(const float *w, int n_pos, int NJ, const void *V, size_t stride, int kv_f16,
+                                 int hd, int i0, float *out) {
+    __m256 acc[ATTN2_HEADS][4];
+    const int nv = (hd - i0) / 8 < 4 ? (hd - i0) / 8 : 4;
+#pragma GCC unroll 2
+    for (int j = 0; j < NJ; j++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[j][v] = _mm256_setzero_ps();
+    if (nv == 4) {
+        for (int p = 0; p < n_pos; p++) {
+            __m256 vv[4];
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) vv[v] = kv_load8(V, stride, kv_f16, p, i0 + 8 * v);
+#pragma GCC unroll 2
+            for (int j = 0; j < NJ; j++) {
+                const __m256 wj = _mm256_set1_ps(w[(size_t)j * n_pos + p]);
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) acc[j][v] = _mm256_fmadd_ps(wj, vv[v], acc[j][v]);
+            }
+        }
+    } else {  /* the last group of a head size that is not a multiple of 32 */
+        for (int p = 0; p < n_pos; p++)
+            for (int v = 0; v < nv; v++) {
+                const __m256 vv = kv_load8(V, stride, kv_f16, p, i0 + 8 * v);
+                for (int j = 0; j < NJ; j++)
+                    acc[j][v] = _mm256_fmadd_ps(_mm256_set1_ps(w[(size_t)j * n_pos + p]), vv, acc[j][v]);
+            }
+    }
+    for (int j = 0; j < NJ; j++)
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + (size_t)j * hd + i0 + 8 * v, acc[j][v]);
+}
+
+/* kernels_avx512.c's three passes at 8 lanes, over the g query heads that
+ * share one KV head: 1. scores 8 positions at a time (the block's K rows
+ * converted to f32 once for all g heads); 2. softmax per head (exp256);
+ * 3. weighted V, 32 outputs of up to ATTN2_HEADS heads at a time.  Per head
+ * every operation and its order are the same whatever g is, and a
+ * position's score does not depend on n_pos (blocks start at position 0).
+ * Head sizes that are not a multiple of 8 take cb_attn_generic. */
+T2 static INL void attn_body8(const float *q, int g, const int hd, const void *K, const void *V, size_t stride,
+                              int kv_f16, int n_pos, float scale, float *scores, float *out) {
+    _Alignas(32) float kb[8 * CB_MAX_HEAD_DIM];
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const size_t row = stride * (kv_f16 ? sizeof(uint16_t) : sizeof(float));
+    /* 1. scores[j][p] = scale * dot(q[j], K[p]) */
+    for (int p0 = 0; p0 < n_pos; p0 += 8) {
+        const int np = n_pos - p0 < 8 ? n_pos - p0 : 8;
+        /* as kernels_avx512.c: prefetch the next K block's rows and this block's V rows, row by row */
+        const int nk = n_pos - p0 - 8 < 8 ? n_pos - p0 - 8 : 8;
+        const char *kn = (const char *)K + (size_t)(p0 + 8) * row, *vb = (const char *)V + (size_t)p0 * row;
+        for (int p = 0; p < 8; p++) {
+            for (size_t b = (size_t)p * row; b < (size_t)(p + 1) * row; b += 64) {
+                if (p < nk) _mm_prefetch(kn + b, _MM_HINT_T0);
+                if (p < np) _mm_prefetch(vb + b, _MM_HINT_T0);
+            }
+            for (int i = 0; i < hd; i += 8)
+                _mm256_store_ps(kb + (size_t)p * hd + i, p < np ? kv_load8(K, stride, kv_f16, p0 + p, i) : _mm256_setzero_ps());
+        }
+        for (int j = 0; j < g; j++) {
+            _Alignas(32) float sc[8];
+            _mm256_store_ps(sc, _mm256_mul_ps(attn_scores8(q + (size_t)j * hd, hd, kb), vscale));
+            memcpy(scores + (size_t)j * n_pos + p0, sc, (size_t)np * sizeof(float));
+        }
+    }
+    /* 2. softmax per head: weights e^(s - max) / sum, in place (lane-wise
+     * max and sums, then a fixed reduction; the tail one position at a time) */
+    for (int j = 0; j < g; j++) {
+        float *sj = scores + (size_t)j * n_pos;
+        const int n8 = n_pos & ~7;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        for (int p = 0; p < n8; p += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sj + p));
+        _Alignas(32) float l[8];
+        _mm256_store_ps(l, vmax);
+        float mx = l[0];
+        for (int i = 1; i < 8; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int p = n8; p < n_pos; p++) mx = sj[p] > mx ? sj[p] : mx;
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        for (int p = 0; p < n8; p += 8) {
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj + p), vmx));
+            _mm256_storeu_ps(sj + p, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        float sum = hsum8(vsum);
+        if (n8 < n_pos) {
+            _Alignas(32) float t[8] = { 0 };
+            memcpy(t, sj + n8, (size_t)(n_pos - n8) * sizeof(float));
+            _mm256_store_ps(t, exp256(_mm256_sub_ps(_mm256_load_ps(t), vmx)));
+            for (int p = n8; p < n_pos; p++) { sj[p] = t[p - n8]; sum += sj[p]; }
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sum);
+        for (int p = 0; p < n8; p += 8) _mm256_storeu_ps(sj + p, _mm256_mul_ps(_mm256_loadu_ps(sj + p), inv));
+        for (int p = n8; p < n_pos; p++) sj[p] *= 1.0f / sum;
+    }
+    /* 3. out[j] = sum_p w[j][p] * V[p] */
+    for (int i0 = 0; i0 < hd; i0 += ATTN2_VDIM)
+        for (int j0 = 0; j0 < g; j0 += ATTN2_HEADS) {
+            const float *w = scores + (size_t)j0 * n_pos;
+            float *o = out + (size_t)j0 * hd;
+            if (g - j0 >= 2) attn_v_block8(w, n_pos, 2, V, stride, kv_f16, hd, i0, o);
+            else attn_v_block8(w, n_pos, 1, V, stride, kv_f16, hd, i0, o);
+        }
+}
+
+/* Same code for every hd, compiled with a constant hd for 64 and 128. */
+T2 static void attn_avx2(const float *q, int g, int hd, const void *K, const void *V, size_t stride, int kv_f16,
+                         int n_pos, float scale, float *scores, float *out) {
+    switch (hd) {
+    case 64:  attn_body8(q, g, 64, K, V, stride, kv_f16, n_pos, scale, scores, out); break;
+    case 128: attn_body8(q, g, 128, K, V, stride, kv_f16, n_pos, scale, scores, out); break;
+    default:
+        if (hd % 8 == 0 && hd <= CB_MAX_HEAD_DIM) attn_body8(q, g, hd, K, V, stride, kv_f16, n_pos, scale, scores, out);
+        else cb_attn_generic(dot_f32_avx2, axpy_f32_avx2, from_f16_avx2, q, g, hd, K, V, stride, kv_f16, n_pos,
+                             scale, scores, out);
+        break;
+    }
+}
+
+/* g = silu(g) * u with exp256 (kernels_avx512.c's swiglu at 8 lanes); the
+ * tail through a zero-padded copy. */
+T2 static void swiglu_avx2(float *g, const float *u, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    if (i < n) {
+        _Alignas(32) float tg[8] = { 0 }, tu[8] = { 0 };
+        memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
+        memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
+        const __m256 x = _mm256_load_ps(tg);
+        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        _mm256_store_ps(tg, _mm256_mul_ps(s, _mm256_load_ps(tu)));
+        memcpy(g + i, tg, (size_t)(n - i) * sizeof(float));
+    }
 }
 
 static const cb_kernels table = {
     CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, attn_avx2, to_f16_avx2, cb_rmsnorm_generic,
-    cb_swiglu_generic, cb_rope_generic, cb_argmax_generic
+    swiglu_avx2, cb_rope_generic, cb_argmax_generic
 };
 
 const cb_kernels *cb_kernels_avx2_table(void);
