@@ -418,7 +418,7 @@ static void task_swiglu(void *arg, int ith, int nth) {
     const int gelu = c->model->cfg.gemma;
     for (int r = r0; r < r1; r++) {
         float *g = c->hb + (size_t)r * n_ff, *u = c->hb2 + (size_t)r * n_ff;
-        if (gelu) cb_geglu_generic(g, u, n_ff);
+        if (gelu) c->k->geglu(g, u, n_ff);
         else c->k->swiglu(g, u, n_ff);
     }
     if (t->q_out) cb_quantize_rows(c->k, c->hb, t->q_out, n_ff, t->n, r0, r1, t->q_fmt);

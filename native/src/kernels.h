@@ -232,6 +232,11 @@ typedef struct {
     void  (*rmsnorm)(const float *x, const float *w, float *o, int n, float eps);
     /* g = silu(g) * u = g / (1 + e^-g) * u over n floats (the SwiGLU gate). */
     void  (*swiglu)(float *g, const float *u, int64_t n);
+    /* g = gelu(g) * u over n floats, GELU in its tanh form (gemma's GEGLU
+     * gate), computed as the equal sigmoid x / (1 + e^(-2 z)) with
+     * z = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh z) without the
+     * cancellation of 1 + tanh z at negative x, and one exp per element. */
+    void  (*geglu)(float *g, const float *u, int64_t n);
     /* RoPE in place on n_heads rows of head_dim floats: the first n_rot
      * dimensions of each rotate in pairs (i, i + n_rot/2) when neox, else
      * (2i, 2i + 1), pair i by cs[2i] = cos, cs[2i + 1] = sin:
@@ -246,11 +251,9 @@ typedef struct {
     void  (*argmax)(const float *x, int64_t n, int64_t base, float *max, int64_t *idx);
 } cb_kernels;
 
-/* The scalar rmsnorm, swiglu and rope (also AVX2's). */
+/* The scalar rmsnorm, swiglu, geglu and rope (rmsnorm and rope also AVX2's). */
 void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps);
 void cb_swiglu_generic(float *g, const float *u, int64_t n);
-/* g = gelu(g) * u over n floats, GELU in its tanh form (gemma's GEGLU):
- * gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 void cb_geglu_generic(float *g, const float *u, int64_t n);
 void cb_rope_generic(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox);
 void cb_argmax_generic(const float *x, int64_t n, int64_t base, float *max, int64_t *idx);

@@ -666,9 +666,30 @@ T2 static void swiglu_avx2(float *g, const float *u, int64_t n) {
     }
 }
 
+/* g = gelu_tanh(g) * u (kernels_avx512.c's geglu at 8 lanes), the tail
+ * through a zero-padded copy as swiglu's. */
+T2 static INL __m256 geglu8(__m256 x, __m256 u) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 z = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-2.0f * 0.79788456080286535588f), x),
+                                   _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), _mm256_mul_ps(x, x), one));
+    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, exp256(z))), u);
+}
+
+T2 static void geglu_avx2(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, geglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        _Alignas(32) float tg[8] = { 0 }, tu[8] = { 0 };
+        memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
+        memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
+        _mm256_store_ps(tg, geglu8(_mm256_load_ps(tg), _mm256_load_ps(tu)));
+        memcpy(g + i, tg, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 static const cb_kernels table = {
     CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, attn_avx2, to_f16_avx2, cb_rmsnorm_generic,
-    swiglu_avx2, cb_rope_generic, cb_argmax_generic
+    swiglu_avx2, geglu_avx2, cb_rope_generic, cb_argmax_generic
 };
 
 const cb_kernels *cb_kernels_avx2_table(void);

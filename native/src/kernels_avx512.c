@@ -614,6 +614,20 @@ T512 static void swiglu_avx512(float *g, const float *u, int64_t n) {
     }
 }
 
+/* g = gelu_tanh(g) * u as x / (1 + e^(-2 sqrt(2/pi) x (1 + 0.044715 x^2)))
+ * (kernels.h): exp512 clamps the exponent, so large |x| give x or 0. */
+T512 static void geglu_avx512(float *g, const float *u, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), a = _mm512_set1_ps(0.044715f);
+    const __m512 mk2 = _mm512_set1_ps(-2.0f * 0.79788456080286535588f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 z = _mm512_mul_ps(_mm512_mul_ps(mk2, x), _mm512_fmadd_ps(a, _mm512_mul_ps(x, x), one));
+        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp512(z)));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 /* Pairs of 8 (interleaved) or 16 (neox) at a time; the products and sums
  * are the scalar code's, one rounding each (mul, then add: no fma). */
 T512 static void rope_avx512(float *v, const float *cs, int n_heads, int head_dim, int n_rot, int neox) {
@@ -679,7 +693,7 @@ T512 static void argmax_avx512(const float *x, int64_t n, int64_t base, float *m
 
 static const cb_kernels table = {
     CB_SIMD_AVX512, quantize_q8_avx512, matmul_rows_avx512, attn_avx512, to_f16_avx512, rmsnorm_avx512,
-    swiglu_avx512, rope_avx512, argmax_avx512
+    swiglu_avx512, geglu_avx512, rope_avx512, argmax_avx512
 };
 
 const cb_kernels *cb_kernels_avx512_table(void);

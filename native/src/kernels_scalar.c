@@ -157,7 +157,7 @@ static void attn_scalar(const float *q, int g, int hd, const void *K, const void
 
 static const cb_kernels table = {
     CB_SIMD_SCALAR, quantize_q8_scalar, matmul_rows_scalar, attn_scalar, cb_f32_row_to_f16,
-    cb_rmsnorm_generic, cb_swiglu_generic, cb_rope_generic, cb_argmax_generic
+    cb_rmsnorm_generic, cb_swiglu_generic, cb_geglu_generic, cb_rope_generic, cb_argmax_generic
 };
 
 const cb_kernels *cb_kernels_scalar_table(void);
