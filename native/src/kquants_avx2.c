@@ -51,10 +51,9 @@ typedef int32_t kq2_i32u __attribute__((may_alias, aligned(1)));
 
 KQ_ATTR KP2_INL __m256i kp2_bcast(const kq2_i32u *x) { return _mm256_set1_epi32(*x); }
 
-/* 8 bytes (one per output) as int32 lanes holding the value in both int16 halves. */
-KQ_ATTR KP2_INL __m256i kp2_dup16(__m256i v32) {
-    return _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16));
-}
+/* 8 signed bytes (one per output) as int16 lanes s_0 s_0 s_1 s_1 ...: both
+ * halves of each int32 lane, what vpmaddwd multiplies a pair sum by. */
+KQ_ATTR KP2_INL __m256i kp2_dup16_i8(__m128i s8) { return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8)); }
 
 /* Int16 pairs (a_o, b_o) of two 8-byte rows in lane o (o < 8). */
 KQ_ATTR KP2_INL __m256i kp2_pairs_u8(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)); }
@@ -63,12 +62,16 @@ KQ_ATTR KP2_INL __m256i kp2_pairs_i8(__m128i a, __m128i b) { return _mm256_cvtep
 /* The 8 outputs' accumulators: acc[r] += u (in memory: the ymm go to weights and sums). */
 KQ_ATTR KP2_INL void kp2_acc(float *acc, __m256 u) { _mm256_store_ps(acc, _mm256_add_ps(_mm256_load_ps(acc), u)); }
 
-/* Sub-block scales (kp2_dup16 form) and mins (int16 pairs m_2k, m_2k+1) of
- * 8 outputs (half hv of a Q4_K / Q5_K panel super-block). */
-KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, int hv, __m256i *sc, __m256i *mp) {
+/* Sub-block scales (kp2_dup16_i8's form: int16 lanes s_0 s_0 s_1 s_1 ...) and
+ * mins (int16 pairs m_2k, m_2k+1) of both halves of a Q4_K / Q5_K panel
+ * super-block at once: each 16-byte scale row holds half 0's 8 outputs then
+ * half 1's, so the 6-bit unpacking runs once for the 16 outputs and the
+ * low / high byte unpacks split the halves (duplicating each byte is one
+ * unpack against itself and one widening). */
+KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, __m256i (*sc)[8], __m256i (*mp)[4]) {
     __m128i S[12], mn[8];
 #pragma GCC unroll 12
-    for (int k = 0; k < 12; k++) S[k] = _mm_loadl_epi64((const __m128i *)(p + 64 + 16 * k + 8 * hv));
+    for (int k = 0; k < 12; k++) S[k] = _mm_loadu_si128((const __m128i *)(p + 64 + 16 * k));
     const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), top2 = _mm_set1_epi8(0x30);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
@@ -80,20 +83,23 @@ KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, int hv, __m256i *sc, __m25
             s8 = _mm_or_si128(_mm_and_si128(S[j + 4], m4), _mm_and_si128(_mm_srli_epi16(S[j - 4], 2), top2));
             mn[j] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m4), _mm_and_si128(_mm_srli_epi16(S[j], 2), top2));
         }
-        sc[j] = kp2_dup16(_mm256_cvtepu8_epi32(s8));
+        sc[0][j] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+        sc[1][j] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(s8, s8));
     }
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) mp[k] = kp2_pairs_u8(mn[2 * k], mn[2 * k + 1]);
+    for (int k = 0; k < 4; k++) {
+        mp[0][k] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn[2 * k], mn[2 * k + 1]));
+        mp[1][k] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(mn[2 * k], mn[2 * k + 1]));
+    }
 }
 
 /* Super-block s (at p) of half hv (8 outputs) of a Q4_K / Q5_K panel x R
- * rows: acc[r] += its float step. */
+ * rows, its scales and mins from kp2_scales_q45: acc[r] += its float step. */
 KQ_ATTR KP2_INL void kp2_sb_q45(const int q5, const int R, const uint8_t *p, int hv, int64_t s, int64_t nsb,
-                                const cb_block_q8k *xr, float (*acc)[8]) {
+                                const __m256i *sc, const __m256i *mp, const cb_block_q8k *xr, float (*acc)[8]) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     {
-        __m256i sc[8], mp[4], isum[KP2_ROWS];
-        kp2_scales_q45(p, hv, sc, mp);
+        __m256i isum[KP2_ROWS];
         const uint8_t *qs = p + (q5 ? 768 : 256) + 32 * hv;
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
@@ -169,8 +175,8 @@ KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int64_t s,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int b = 0; b < 8; b++) {
-            const __m256i sl = kp2_dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv))));
-            const __m256i sh = kp2_dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv))));
+            const __m256i sl = kp2_dup16_i8(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv)));
+            const __m256i sh = kp2_dup16_i8(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv)));
             __m256i W[8];
             kp2_q6_group(p + 288 + 192 * (2 * b) + 32 * hv, W);
             kp2_q6_group(p + 288 + 192 * (2 * b + 1) + 32 * hv, W + 4);
@@ -226,9 +232,12 @@ KQ_ATTR KP2_INL void kp2_tile(const int type, const int R, const uint8_t *panel,
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *p = panel + (size_t)s * pb;
         if (pf) kp_prefetch2(pf + (size_t)s * pb, pb);
-        for (int hv = 0; hv < nh; hv++) {
-            if (type == CB_TYPE_Q6_K) kp2_sb_q6(R, p, hv, s, nsb, xr, acc[hv]);
-            else kp2_sb_q45(type == CB_TYPE_Q5_K, R, p, hv, s, nsb, xr, acc[hv]);
+        if (type == CB_TYPE_Q6_K) {
+            for (int hv = 0; hv < nh; hv++) kp2_sb_q6(R, p, hv, s, nsb, xr, acc[hv]);
+        } else {
+            __m256i sc[2][8], mp[2][4];
+            kp2_scales_q45(p, sc, mp);
+            for (int hv = 0; hv < nh; hv++) kp2_sb_q45(type == CB_TYPE_Q5_K, R, p, hv, s, nsb, sc[hv], mp[hv], xr, acc[hv]);
         }
     }
     for (int hv = 0; hv < nh; hv++) {
