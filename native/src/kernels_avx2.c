@@ -86,54 +86,103 @@ T2 static INL __m256i bits_to_0x10(const uint8_t *p) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
 }
 
+/* Block b of a legacy-type weight row (at blk): its weights W (Q4_1 / Q5_1:
+ * unsigned quants; else signed), the bytes vpmaddubsw takes (|w| for signed
+ * types), the scale D and the min M (Q4_1 / Q5_1; else 0). */
+T2 static INL void q_block(const int type, const uint8_t *blk, __m256i *W, __m256i *AW, __m256 *D, __m128 *M) {
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const int has_m = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;  /* unsigned weights plus a min */
+    *D = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
+    if (type == CB_TYPE_Q8_0) {
+        *W = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    } else {
+        const size_t qoff = type == CB_TYPE_Q4_0 ? 2 : type == CB_TYPE_Q4_1 ? 4 : type == CB_TYPE_Q5_0 ? 6 : 8;
+        const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + qoff));
+        *W = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
+        if (type == CB_TYPE_Q5_0 || type == CB_TYPE_Q5_1) *W = _mm256_or_si256(*W, bits_to_0x10(blk + qoff - 4));
+        if (type == CB_TYPE_Q4_0) *W = _mm256_sub_epi8(*W, _mm256_set1_epi8(8));
+        if (type == CB_TYPE_Q5_0) *W = _mm256_sub_epi8(*W, _mm256_set1_epi8(16));
+    }
+    *AW = has_m ? *W : _mm256_sign_epi8(*W, *W);  /* |w| */
+    *M = has_m ? _mm_set_ss(_cvtsh_ss(rd16(blk + 2))) : _mm_setzero_ps();
+}
+
+/* One (activation row, output row) block product into acc / macc: the only
+ * float steps of an output, in block order, whatever the tile shape. */
+T2 static INL void q_step(const int type, __m256i W, __m256i AW, __m256 D, __m128 M, const cb_block_q8 *xb,
+                          __m256 *acc, __m128 *macc) {
+    const int has_m = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
+    __m256i X = _mm256_loadu_si256((const __m256i *)xb->qs);
+    if (!has_m) X = _mm256_sign_epi8(X, W);
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(AW, X), _mm256_set1_epi16(1));
+    const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xb->d));
+    *acc = _mm256_fmadd_ps(t, D, *acc);
+    if (has_m) *macc = _mm_fmadd_ss(M, _mm_set_ss(xb->s), *macc);
+}
+
 /* R activation rows x 1 output row wr. */
 T2 static INL void q_tile(const int type, const int R, const uint8_t *wr, size_t bsz, int64_t nb,
                           const cb_block_q8 *xr, float *y, int64_t ldy) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
     __m256 acc[4];
     __m128 macc[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); macc[r] = _mm_setzero_ps(); }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = wr + (size_t)b * bsz;
-        const __m256 D = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
-        const int has_m = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;  /* unsigned weights plus a min */
-        __m256i W;  /* Q4_1 / Q5_1: unsigned quants; else signed weights */
-        if (type == CB_TYPE_Q8_0) {
-            W = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        } else {
-            const size_t qoff = type == CB_TYPE_Q4_0 ? 2 : type == CB_TYPE_Q4_1 ? 4 : type == CB_TYPE_Q5_0 ? 6 : 8;
-            const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + qoff));
-            W = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
-            if (type == CB_TYPE_Q5_0 || type == CB_TYPE_Q5_1) W = _mm256_or_si256(W, bits_to_0x10(blk + qoff - 4));
-            if (type == CB_TYPE_Q4_0) W = _mm256_sub_epi8(W, _mm256_set1_epi8(8));
-            if (type == CB_TYPE_Q5_0) W = _mm256_sub_epi8(W, _mm256_set1_epi8(16));
-        }
-        const __m256i AW = has_m ? W : _mm256_sign_epi8(W, W);  /* |w| */
-        __m128 M = _mm_setzero_ps();
-        if (has_m) M = _mm_set_ss(_cvtsh_ss(rd16(blk + 2)));
+        __m256i W, AW;
+        __m256 D;
+        __m128 M;
+        q_block(type, wr + (size_t)b * bsz, &W, &AW, &D, &M);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const cb_block_q8 *xb = xr + (int64_t)r * nb + b;
-            __m256i X = _mm256_loadu_si256((const __m256i *)xb->qs);
-            if (!has_m) X = _mm256_sign_epi8(X, W);
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(AW, X), ones);
-            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xb->d));
-            acc[r] = _mm256_fmadd_ps(t, D, acc[r]);
-            if (has_m) macc[r] = _mm_fmadd_ss(M, _mm_set_ss(xb->s), macc[r]);
-        }
+        for (int r = 0; r < R; r++) q_step(type, W, AW, D, M, xr + (int64_t)r * nb + b, &acc[r], &macc[r]);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) y[r * ldy] = hsum8(acc[r]) + _mm_cvtss_f32(macc[r]);
 }
 
+/* One activation row x Q_OUTS output rows (from wr, rb bytes apart): the
+ * decode shape, where one output's fma chain alone leaves the core waiting
+ * on its latency; Q_OUTS independent chains, each output's steps those of
+ * q_tile, so the bits do not depend on which of the two ran. */
+#define Q_OUTS 4
+#ifndef Q_PF_ROWS
+#define Q_PF_ROWS 16
+#endif
+T2 static INL void q_tile_outs(const int type, const uint8_t *wr, size_t rb, size_t bsz, int64_t nb,
+                               const cb_block_q8 *xr, float *y, const uint8_t *pf_end) {
+    __m256 acc[Q_OUTS];
+    __m128 macc[Q_OUTS];
+#pragma GCC unroll 4
+    for (int k = 0; k < Q_OUTS; k++) { acc[k] = _mm256_setzero_ps(); macc[k] = _mm_setzero_ps(); }
+    const uint8_t *pf = pf_end && wr + (Q_PF_ROWS + Q_OUTS) * rb <= pf_end ? wr + Q_PF_ROWS * rb : NULL;
+    const size_t pf_step = (Q_OUTS * rb + (size_t)nb - 1) / (size_t)nb;  /* bytes of the rows ahead per block */
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf)
+            for (size_t off = (size_t)b * pf_step; off < (size_t)(b + 1) * pf_step && off < Q_OUTS * rb; off += 64)
+                _mm_prefetch((const char *)pf + off, _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int k = 0; k < Q_OUTS; k++) {
+            __m256i W, AW;
+            __m256 D;
+            __m128 M;
+            q_block(type, wr + k * rb + (size_t)b * bsz, &W, &AW, &D, &M);
+            q_step(type, W, AW, D, M, xr + b, &acc[k], &macc[k]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < Q_OUTS; k++) y[k] = hsum8(acc[k]) + _mm_cvtss_f32(macc[k]);
+}
+
 T2 static INL void matmul_q(const int type, const cb_weight *w, const cb_block_q8 *xq,
                             int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nb = w->n_in / CB_QK;
-    const size_t bsz = cb_type_block_bytes(type);
-    for (int64_t o = o0; o < o1; o++) {
-        const uint8_t *wr = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+    const size_t bsz = cb_type_block_bytes(type), rb = w->row_bytes;
+    int64_t o = o0;
+    if (n_rows == 1)
+        for (; o + Q_OUTS <= o1; o += Q_OUTS)
+            q_tile_outs(type, (const uint8_t *)w->data + (size_t)o * rb, rb, bsz, nb, xq, y + o,
+                        (const uint8_t *)w->data + (size_t)w->n_out * rb);
+    for (; o < o1; o++) {
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)o * rb;
         int r = 0;
         for (; r + 4 <= n_rows; r += 4) q_tile(type, 4, wr, bsz, nb, xq + (int64_t)r * nb, y + r * ldy + o, ldy);
         switch (n_rows - r) {
