@@ -525,10 +525,9 @@ void cb_swiglu_generic(float *g, const float *u, int64_t n) {
 }
 
 void cb_geglu_generic(float *g, const float *u, int64_t n) {
-    const float k2 = 2.0f * 0.79788456080286535588f, a = 0.044715f;  /* 2 sqrt(2/pi) */
     for (int64_t i = 0; i < n; i++) {
         const float x = g[i];
-        g[i] = x / (1.0f + expf(-k2 * x * (1.0f + a * x * x))) * u[i];
+        g[i] = x / (1.0f + expf(-CB_GELU_2K * x * (1.0f + CB_GELU_A * x * x))) * u[i];
     }
 }
 

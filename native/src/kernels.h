@@ -251,6 +251,11 @@ typedef struct {
     void  (*argmax)(const float *x, int64_t n, int64_t base, float *max, int64_t *idx);
 } cb_kernels;
 
+/* GELU-tanh's constants as every level's geglu uses them: 2 sqrt(2/pi) and
+ * the cubic's coefficient. */
+#define CB_GELU_2K 1.5957691216057307f
+#define CB_GELU_A  0.044715f
+
 /* The scalar rmsnorm, swiglu, geglu and rope (rmsnorm and rope also AVX2's). */
 void cb_rmsnorm_generic(const float *x, const float *w, float *o, int n, float eps);
 void cb_swiglu_generic(float *g, const float *u, int64_t n);

@@ -86,12 +86,15 @@ T2 static INL __m256i bits_to_0x10(const uint8_t *p) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
 }
 
+/* Q4_1 / Q5_1: unsigned weights plus a min. */
+static inline int q_has_min(int type) { return type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1; }
+
 /* Block b of a legacy-type weight row (at blk): its weights W (Q4_1 / Q5_1:
  * unsigned quants; else signed), the bytes vpmaddubsw takes (|w| for signed
  * types), the scale D and the min M (Q4_1 / Q5_1; else 0). */
 T2 static INL void q_block(const int type, const uint8_t *blk, __m256i *W, __m256i *AW, __m256 *D, __m128 *M) {
     const __m128i low4 = _mm_set1_epi8(0x0F);
-    const int has_m = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;  /* unsigned weights plus a min */
+    const int has_m = q_has_min(type);
     *D = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
     if (type == CB_TYPE_Q8_0) {
         *W = _mm256_loadu_si256((const __m256i *)(blk + 2));
@@ -111,7 +114,7 @@ T2 static INL void q_block(const int type, const uint8_t *blk, __m256i *W, __m25
  * float steps of an output, in block order, whatever the tile shape. */
 T2 static INL void q_step(const int type, __m256i W, __m256i AW, __m256 D, __m128 M, const cb_block_q8 *xb,
                           __m256 *acc, __m128 *macc) {
-    const int has_m = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
+    const int has_m = q_has_min(type);
     __m256i X = _mm256_loadu_si256((const __m256i *)xb->qs);
     if (!has_m) X = _mm256_sign_epi8(X, W);
     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(AW, X), _mm256_set1_epi16(1));
@@ -155,7 +158,7 @@ T2 static INL void q_tile_outs(const int type, const uint8_t *wr, size_t rb, siz
     __m128 macc[Q_OUTS];
 #pragma GCC unroll 4
     for (int k = 0; k < Q_OUTS; k++) { acc[k] = _mm256_setzero_ps(); macc[k] = _mm_setzero_ps(); }
-    const uint8_t *pf = pf_end && wr + (Q_PF_ROWS + Q_OUTS) * rb <= pf_end ? wr + Q_PF_ROWS * rb : NULL;
+    const uint8_t *pf = wr + (Q_PF_ROWS + Q_OUTS) * rb <= pf_end ? wr + Q_PF_ROWS * rb : NULL;
     const size_t pf_step = (Q_OUTS * rb + (size_t)nb - 1) / (size_t)nb;  /* bytes of the rows ahead per block */
     for (int64_t b = 0; b < nb; b++) {
         if (pf)
@@ -696,47 +699,35 @@ T2 static void attn_avx2(const float *q, int g, int hd, const void *K, const voi
     }
 }
 
-/* g = silu(g) * u with exp256 (kernels_avx512.c's swiglu at 8 lanes); the
- * tail through a zero-padded copy. */
-T2 static void swiglu_avx2(float *g, const float *u, int64_t n) {
+
+/* silu and gelu_tanh at 8 lanes with exp256 (kernels_avx512.c's silu16 and
+ * gelu16). */
+T2 static INL __m256 silu8(__m256 x) {
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+T2 static INL __m256 gelu8(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 z = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-CB_GELU_2K), x),
+                                   _mm256_fmadd_ps(_mm256_set1_ps(CB_GELU_A), _mm256_mul_ps(x, x), one));
+    return _mm256_div_ps(x, _mm256_add_ps(one, exp256(z)));
+}
+
+/* g = act(g) * u over n floats, 8 at a time; the tail through a
+ * zero-padded copy. */
+T2 static INL void gate_avx2(float *g, const float *u, int64_t n, __m256 (*act)(__m256)) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_loadu_ps(g + i);
-        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-    }
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, _mm256_mul_ps(act(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
     if (i < n) {
         _Alignas(32) float tg[8] = { 0 }, tu[8] = { 0 };
         memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
         memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
-        const __m256 x = _mm256_load_ps(tg);
-        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-        _mm256_store_ps(tg, _mm256_mul_ps(s, _mm256_load_ps(tu)));
+        _mm256_store_ps(tg, _mm256_mul_ps(act(_mm256_load_ps(tg)), _mm256_load_ps(tu)));
         memcpy(g + i, tg, (size_t)(n - i) * sizeof(float));
     }
 }
 
-/* g = gelu_tanh(g) * u (kernels_avx512.c's geglu at 8 lanes), the tail
- * through a zero-padded copy as swiglu's. */
-T2 static INL __m256 geglu8(__m256 x, __m256 u) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 z = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-2.0f * 0.79788456080286535588f), x),
-                                   _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), _mm256_mul_ps(x, x), one));
-    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, exp256(z))), u);
-}
-
-T2 static void geglu_avx2(float *g, const float *u, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, geglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
-    if (i < n) {
-        _Alignas(32) float tg[8] = { 0 }, tu[8] = { 0 };
-        memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
-        memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
-        _mm256_store_ps(tg, geglu8(_mm256_load_ps(tg), _mm256_load_ps(tu)));
-        memcpy(g + i, tg, (size_t)(n - i) * sizeof(float));
-    }
-}
+T2 static void swiglu_avx2(float *g, const float *u, int64_t n) { gate_avx2(g, u, n, silu8); }
+T2 static void geglu_avx2(float *g, const float *u, int64_t n) { gate_avx2(g, u, n, gelu8); }
 
 static const cb_kernels table = {
     CB_SIMD_AVX2, quantize_q8_avx2, matmul_rows_avx2, attn_avx2, to_f16_avx2, cb_rmsnorm_generic,

@@ -604,29 +604,30 @@ T512 static void rmsnorm_avx512(const float *x, const float *w, float *o, int n,
     }
 }
 
-T512 static void swiglu_avx512(float *g, const float *u, int64_t n) {
+/* silu(x) = x / (1 + e^-x), and gelu_tanh(x) as x / (1 + e^(-2 sqrt(2/pi) x
+ * (1 + 0.044715 x^2))) (kernels.h); exp512 clamps the exponent, so large |x|
+ * give x or 0. */
+T512 static INL __m512 silu16(__m512 x) {
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+T512 static INL __m512 gelu16(__m512 x) {
     const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 z = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(-CB_GELU_2K), x),
+                                   _mm512_fmadd_ps(_mm512_set1_ps(CB_GELU_A), _mm512_mul_ps(x, x), one));
+    return _mm512_div_ps(x, _mm512_add_ps(one, exp512(z)));
+}
+
+/* g = act(g) * u over n floats, 16 at a time (the tail masked). */
+T512 static INL void gate_avx512(float *g, const float *u, int64_t n, __m512 (*act)(__m512)) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = tail_mask(n - i);
-        const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        const __m512 s = act(_mm512_maskz_loadu_ps(m, g + i));
         _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
     }
 }
 
-/* g = gelu_tanh(g) * u as x / (1 + e^(-2 sqrt(2/pi) x (1 + 0.044715 x^2)))
- * (kernels.h): exp512 clamps the exponent, so large |x| give x or 0. */
-T512 static void geglu_avx512(float *g, const float *u, int64_t n) {
-    const __m512 one = _mm512_set1_ps(1.0f), a = _mm512_set1_ps(0.044715f);
-    const __m512 mk2 = _mm512_set1_ps(-2.0f * 0.79788456080286535588f);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-        const __m512 z = _mm512_mul_ps(_mm512_mul_ps(mk2, x), _mm512_fmadd_ps(a, _mm512_mul_ps(x, x), one));
-        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp512(z)));
-        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
-    }
-}
+T512 static void swiglu_avx512(float *g, const float *u, int64_t n) { gate_avx512(g, u, n, silu16); }
+T512 static void geglu_avx512(float *g, const float *u, int64_t n) { gate_avx512(g, u, n, gelu16); }
 
 /* Pairs of 8 (interleaved) or 16 (neox) at a time; the products and sums
  * are the scalar code's, one rounding each (mul, then add: no fma). */

@@ -51,23 +51,20 @@ typedef int32_t kq2_i32u __attribute__((may_alias, aligned(1)));
 
 KQ_ATTR KP2_INL __m256i kp2_bcast(const kq2_i32u *x) { return _mm256_set1_epi32(*x); }
 
-/* 8 signed bytes (one per output) as int16 lanes s_0 s_0 s_1 s_1 ...: both
- * halves of each int32 lane, what vpmaddwd multiplies a pair sum by. */
-KQ_ATTR KP2_INL __m256i kp2_dup16_i8(__m128i s8) { return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8)); }
-
 /* Int16 pairs (a_o, b_o) of two 8-byte rows in lane o (o < 8). */
 KQ_ATTR KP2_INL __m256i kp2_pairs_u8(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)); }
 KQ_ATTR KP2_INL __m256i kp2_pairs_i8(__m128i a, __m128i b) { return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b)); }
+/* The same of bytes 8..15 of two 16-byte rows (half 1 of a panel's scale rows). */
+KQ_ATTR KP2_INL __m256i kp2_pairs_u8_hi(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b)); }
 
 /* The 8 outputs' accumulators: acc[r] += u (in memory: the ymm go to weights and sums). */
 KQ_ATTR KP2_INL void kp2_acc(float *acc, __m256 u) { _mm256_store_ps(acc, _mm256_add_ps(_mm256_load_ps(acc), u)); }
 
-/* Sub-block scales (kp2_dup16_i8's form: int16 lanes s_0 s_0 s_1 s_1 ...) and
+/* Sub-block scales (int16 lanes s_0 s_0 s_1 s_1 ...: kp2_pairs_u8(s, s)) and
  * mins (int16 pairs m_2k, m_2k+1) of both halves of a Q4_K / Q5_K panel
  * super-block at once: each 16-byte scale row holds half 0's 8 outputs then
  * half 1's, so the 6-bit unpacking runs once for the 16 outputs and the
- * low / high byte unpacks split the halves (duplicating each byte is one
- * unpack against itself and one widening). */
+ * low / high byte pairs split the halves. */
 KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, __m256i (*sc)[8], __m256i (*mp)[4]) {
     __m128i S[12], mn[8];
 #pragma GCC unroll 12
@@ -83,13 +80,13 @@ KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, __m256i (*sc)[8], __m256i 
             s8 = _mm_or_si128(_mm_and_si128(S[j + 4], m4), _mm_and_si128(_mm_srli_epi16(S[j - 4], 2), top2));
             mn[j] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m4), _mm_and_si128(_mm_srli_epi16(S[j], 2), top2));
         }
-        sc[0][j] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
-        sc[1][j] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(s8, s8));
+        sc[0][j] = kp2_pairs_u8(s8, s8);
+        sc[1][j] = kp2_pairs_u8_hi(s8, s8);
     }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        mp[0][k] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn[2 * k], mn[2 * k + 1]));
-        mp[1][k] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(mn[2 * k], mn[2 * k + 1]));
+        mp[0][k] = kp2_pairs_u8(mn[2 * k], mn[2 * k + 1]);
+        mp[1][k] = kp2_pairs_u8_hi(mn[2 * k], mn[2 * k + 1]);
     }
 }
 
@@ -175,8 +172,11 @@ KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int64_t s,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int b = 0; b < 8; b++) {
-            const __m256i sl = kp2_dup16_i8(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv)));
-            const __m256i sh = kp2_dup16_i8(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv)));
+            /* each sub-block scale in both int16 halves of its output's lane */
+            const __m128i sl8 = _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv));
+            const __m128i sh8 = _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv));
+            const __m256i sl = kp2_pairs_i8(sl8, sl8);
+            const __m256i sh = kp2_pairs_i8(sh8, sh8);
             __m256i W[8];
             kp2_q6_group(p + 288 + 192 * (2 * b) + 32 * hv, W);
             kp2_q6_group(p + 288 + 192 * (2 * b + 1) + 32 * hv, W + 4);
