@@ -108,6 +108,10 @@ int main(int argc, char **argv) {
     printf("simd %s, rows %d, shape %lld x %lld\n", cb_simd_name(simd), rows, (long long)n_out, (long long)n_in);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
+        if (n_in % cb_type_block(type) != 0) {  /* e.g. 640 inputs: no 256-wide K-quant super-blocks */
+            printf("%-5s skipped: %lld inputs are not whole blocks of this type\n", cb_type_name(type), (long long)n_in);
+            continue;
+        }
         const size_t mbytes = cb_type_size(type, n_in) * (size_t)n_out;
         const int n_mat = (int)(total / mbytes) + 1;
         cb_weight *w = calloc((size_t)n_mat, sizeof *w);
