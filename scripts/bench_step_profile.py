@@ -1,7 +1,7 @@
 """Decode-step profile at B concurrent streams: median step time, aggregate
 tok/s and the per-phase breakdown from Engine.last_step().
 
-    python scripts/bench_step_profile.py [--threads 1 2] [--batch 1 8] [--tokens 80]
+    python scripts/bench_step_profile.py [--threads 1 2] [--batch 1 8] [--tokens 80] [--simd avx2]
 """
 import argparse
 import time
@@ -19,12 +19,14 @@ def main():
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--tokens", type=int, default=80)
+    ap.add_argument("--simd", default="auto", help="SIMD level: auto, avx512, avx2 or scalar")
     a = ap.parse_args()
     model = _engine.Model(str(models.resolve(a.model)))
     print("| threads | B | step ms | aggregate tok/s | " + " | ".join(PHASES) + " |")
     for th in a.threads:
         for b in a.batch:
-            core = _engine.Engine(model, n_slots=b, n_ctx=512, n_threads=th, prefix_reuse=False)
+            core = _engine.Engine(model, n_slots=b, n_ctx=512, n_threads=th, prefix_reuse=False,
+                                  simd=a.simd)
             for i in range(b):
                 core.submit([1 + i, 2, 3, 4, 5, 6, 7, 8], max_tokens=a.tokens, ignore_eos=True)
             steps, prof = [], []

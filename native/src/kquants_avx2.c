@@ -92,8 +92,9 @@ KQ_ATTR KP2_INL void kp2_scales_q45(const uint8_t *p, __m256i (*sc)[8], __m256i 
 
 /* Super-block s (at p) of half hv (8 outputs) of a Q4_K / Q5_K panel x R
  * rows, its scales and mins from kp2_scales_q45: acc[r] += its float step. */
-KQ_ATTR KP2_INL void kp2_sb_q45(const int q5, const int R, const uint8_t *p, int hv, int64_t s, int64_t nsb,
-                                const __m256i *sc, const __m256i *mp, const cb_block_q8k *xr, float (*acc)[8]) {
+KQ_ATTR KP2_INL void kp2_sb_q45(const int q5, const int R, const uint8_t *p, int hv, int nh, int64_t s, int64_t nsb,
+                                const __m256i *sc, const __m256i *mp, const cb_block_q8k *xr, float (*acc)[8],
+                                const uint8_t *pf, size_t pb) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     {
         __m256i isum[KP2_ROWS];
@@ -101,6 +102,7 @@ KQ_ATTR KP2_INL void kp2_sb_q45(const int q5, const int R, const uint8_t *p, int
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
+            kq_prefetch_part(pf, pb, 8 * hv + j, 8 * nh);
             const uint8_t *q = qs + 512 * (j >> 1);
             __m256i W[8];
 #pragma GCC unroll 8
@@ -165,13 +167,14 @@ KQ_ATTR KP2_INL void kp2_q6_group(const uint8_t *g, __m256i *W) {
 
 /* Super-block s (at p) of half hv of a Q6_K panel x R rows; the -32
  * offsets at its end as sum_i (-32 sc_i) * bs16_i. */
-KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int64_t s, int64_t nsb,
-                               const cb_block_q8k *xr, float (*acc)[8]) {
+KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int nh, int64_t s, int64_t nsb,
+                               const cb_block_q8k *xr, float (*acc)[8], const uint8_t *pf, size_t pb) {
     {
         __m256i isum[KP2_ROWS];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int b = 0; b < 8; b++) {
+            kq_prefetch_part(pf, pb, 8 * hv + b, 8 * nh);
             /* each sub-block scale in both int16 halves of its output's lane */
             const __m128i sl8 = _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b) + 8 * hv));
             const __m128i sh8 = _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * (2 * b + 1) + 8 * hv));
@@ -214,15 +217,12 @@ KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int64_t s,
     }
 }
 
-KQ_ATTR KP2_INL void kp_prefetch2(const uint8_t *p, size_t bytes) {
-    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)p + off, _MM_HINT_T1);
-}
 
 /* One panel (16 outputs, no <= 16 of them wanted) x R rows: super-blocks
  * outer and the two halves inner, so each 64-byte panel row is consumed
  * whole while it is in L1 (two passes over the panel, one per half, left
  * the first pass waiting on DRAM at half the work per line); pf: the panel
- * KP2_PF_PANELS ahead, prefetched into L2 one super-block per super-block
+ * KP2_PF_PANELS ahead, prefetched into L2 a super-block per super-block, spread over its inner steps
  * (the first row tile only), as the AVX-512 kernels do. */
 KQ_ATTR KP2_INL void kp2_tile(const int type, const int R, const uint8_t *panel, int64_t nsb,
                               const cb_block_q8k *xr, float *y, int64_t ldy, int no, const uint8_t *pf) {
@@ -230,14 +230,14 @@ KQ_ATTR KP2_INL void kp2_tile(const int type, const int R, const uint8_t *panel,
     _Alignas(32) float acc[2][KP2_ROWS][8] = { { { 0 } } };
     const int nh = no > 8 ? 2 : 1;
     for (int64_t s = 0; s < nsb; s++) {
-        const uint8_t *p = panel + (size_t)s * pb;
-        if (pf) kp_prefetch2(pf + (size_t)s * pb, pb);
+        const uint8_t *p = panel + (size_t)s * pb, *pfs = pf ? pf + (size_t)s * pb : NULL;
         if (type == CB_TYPE_Q6_K) {
-            for (int hv = 0; hv < nh; hv++) kp2_sb_q6(R, p, hv, s, nsb, xr, acc[hv]);
+            for (int hv = 0; hv < nh; hv++) kp2_sb_q6(R, p, hv, nh, s, nsb, xr, acc[hv], pfs, pb);
         } else {
             __m256i sc[2][8], mp[2][4];
             kp2_scales_q45(p, sc, mp);
-            for (int hv = 0; hv < nh; hv++) kp2_sb_q45(type == CB_TYPE_Q5_K, R, p, hv, s, nsb, sc[hv], mp[hv], xr, acc[hv]);
+            for (int hv = 0; hv < nh; hv++)
+                kp2_sb_q45(type == CB_TYPE_Q5_K, R, p, hv, nh, s, nsb, sc[hv], mp[hv], xr, acc[hv], pfs, pb);
         }
     }
     for (int hv = 0; hv < nh; hv++) {

@@ -77,10 +77,6 @@ static inline __mmask16 kp_mask(int64_t rem) {
     return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
 }
 
-KQ_ATTR static INL void kp_prefetch(const uint8_t *p, size_t bytes) {
-    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)p + off, _MM_HINT_T1);
-}
-
 /* Int16 pairs (a_o, b_o) of two 16-byte rows (one byte per output o) in
  * lane o: the vpdpwssd operand against a broadcast pair of activation sums. */
 KQ_ATTR static INL __m512i kp_pairs_u8(__m128i a, __m128i b) {
@@ -131,8 +127,7 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     for (int64_t s = 0; s < nsb; s++) {
-        const uint8_t *p = panel + (size_t)s * pb;
-        if (pf) kp_prefetch(pf + (size_t)s * pb, pb);
+        const uint8_t *p = panel + (size_t)s * pb, *pfs = pf ? pf + (size_t)s * pb : NULL;
         _Alignas(64) __m512i sc[8];
         __m512i mp[4], isum[KP_ROWS];
         kp_scales_q45(q5, p, sc);
@@ -141,6 +136,7 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
         for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {  /* sub-block j: nibble j & 1 of group j / 2 */
+            kq_prefetch_part(pfs, pb, j, 8);
             const uint8_t *q = qs + 512 * (j >> 1);
             __m512i W[8];
 #pragma GCC unroll 8
@@ -221,8 +217,7 @@ KQ_ATTR static INL void kp_tile_q6(const int R, const uint8_t *panel, int64_t ns
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     for (int64_t s = 0; s < nsb; s++) {
-        const uint8_t *p = panel + (size_t)s * pb;
-        if (pf) kp_prefetch(pf + (size_t)s * pb, pb);
+        const uint8_t *p = panel + (size_t)s * pb, *pfs = pf ? pf + (size_t)s * pb : NULL;
         __m512i isum[KP_ROWS];
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
@@ -232,6 +227,7 @@ KQ_ATTR static INL void kp_tile_q6(const int R, const uint8_t *panel, int64_t ns
         }
 #pragma GCC unroll 1
         for (int b = 0; b < 8; b++) {  /* 32-weight block b: sub-blocks 2b, 2b + 1 = groups 2b, 2b + 1 */
+            kq_prefetch_part(pfs, pb, b, 8);
             const __m512i sl = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b))));
             const __m512i sh = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * (2 * b + 1))));
             __m512i W[8];
