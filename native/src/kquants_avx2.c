@@ -217,13 +217,13 @@ KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int nh, in
     }
 }
 
-
 /* One panel (16 outputs, no <= 16 of them wanted) x R rows: super-blocks
  * outer and the two halves inner, so each 64-byte panel row is consumed
  * whole while it is in L1 (two passes over the panel, one per half, left
  * the first pass waiting on DRAM at half the work per line); pf: the panel
- * KP2_PF_PANELS ahead, prefetched into L2 a super-block per super-block, spread over its inner steps
- * (the first row tile only), as the AVX-512 kernels do. */
+ * KP2_PF_PANELS ahead, prefetched into L2 a super-block per super-block,
+ * spread over its inner steps (the first row tile only), as the AVX-512
+ * kernels do. */
 KQ_ATTR KP2_INL void kp2_tile(const int type, const int R, const uint8_t *panel, int64_t nsb,
                               const cb_block_q8k *xr, float *y, int64_t ldy, int no, const uint8_t *pf) {
     const size_t pb = cb_pack_block_bytes(type);
