@@ -38,6 +38,8 @@ cdef extern from "colibri.h" nogil:
     const char *cb_simd_name(int simd)
     int cb_amx_active()
     int cb_amx_enable(int on)
+    int cb_prefetch_mode()
+    int cb_prefetch_set(int mode)
 
     ctypedef struct cb_model_params:
         int validate_only
@@ -253,6 +255,29 @@ def set_amx(bint on):
     """Turn the AMX tiles on (where available) or off for the whole process,
     from the next matmul on (an A/B switch); returns amx_active()."""
     return bool(cb_amx_enable(1 if on else 0))
+
+
+_PREFETCH_MODES = {"auto": -1, "off": 0, "on": 1}
+
+
+def prefetch_mode():
+    """The panel kernels' software-prefetch mode: "auto" (by CPU vendor: always
+    on Intel and unknown CPUs; on AMD not for matmuls of one or two rows of
+    types other than Q4_K and Q5_K, whose panels the hardware prefetcher
+    streams faster alone), "on" (always) or "off" (never).
+    COLIBRI_LAB_PREFETCH=0 / 1 sets it at start.  Results are bit-identical in
+    every mode; only the speed differs."""
+    m = cb_prefetch_mode()
+    return next(k for k, v in _PREFETCH_MODES.items() if v == m)
+
+
+def set_prefetch(mode):
+    """Set the software-prefetch mode ("auto", "on", "off") for the whole
+    process, from the next matmul on (an A/B switch); returns prefetch_mode()."""
+    if mode not in _PREFETCH_MODES:
+        raise errors.InvalidRequestError(f"prefetch mode must be one of {sorted(_PREFETCH_MODES)}, got {mode!r}")
+    cb_prefetch_set(_PREFETCH_MODES[mode])
+    return prefetch_mode()
 
 
 cdef int _simd_level(simd) except? -2:

@@ -18,6 +18,7 @@ Usage:
       --model ~/.cache/colibri-lab/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
       --sections prefill,decode --threads 1,2 --rounds 3
   python scripts/bench_builds_ab.py --a . --b . --simd-a avx512 --simd-b avx2 ...
+  python scripts/bench_builds_ab.py --a . --b . --prefetch-a on --prefetch-b auto ...
 
 Timed around Engine.step() as scripts/bench_engine.py does.  Run it under the
 bench lock (flock /tmp/bench.lock ...).
@@ -37,6 +38,8 @@ import json, sys, time
 from colibri_lab import _engine
 import colibri_lab
 model, simd = _engine.Model(sys.argv[1]), sys.argv[2]
+if sys.argv[3] != "default":
+    _engine.set_prefetch(sys.argv[3])
 engines = {}
 def engine(nt, n_slots, n_ctx, n_batch):
     key = (nt, n_slots, n_ctx, n_batch)
@@ -89,10 +92,10 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, tree, simd, model):
+    def __init__(self, tree, simd, model, prefetch="default"):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.abspath(tree)
-        self.p = subprocess.Popen([sys.executable, "-c", WORKER, model, simd], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen([sys.executable, "-c", WORKER, model, simd, prefetch], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env,
                                   cwd=env["PYTHONPATH"])  # '' on sys.path is the tree, before any install
         self.file = json.loads(self.p.stdout.readline())["file"]
@@ -118,6 +121,9 @@ def main():
     ap.add_argument("--b", required=True, help="tree whose colibri_lab is variant B")
     ap.add_argument("--simd-a", default="auto")
     ap.add_argument("--simd-b", default="auto")
+    ap.add_argument("--prefetch-a", default="default", choices=["default", "auto", "on", "off"],
+                    help="panel software-prefetch mode of variant A (_engine.set_prefetch; default: as started)")
+    ap.add_argument("--prefetch-b", default="default", choices=["default", "auto", "on", "off"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--sections", default="prefill,decode")
     ap.add_argument("--threads", default="1,2")
@@ -127,9 +133,10 @@ def main():
     ap.add_argument("--streams", type=int, default=8)
     args = ap.parse_args()
     model = os.path.expanduser(args.model)
-    wa = Worker(args.a, args.simd_a, model)
-    wb = Worker(args.b, args.simd_b, model)
-    print(f"A: {wa.file} simd={args.simd_a}\nB: {wb.file} simd={args.simd_b}\nload {os.getloadavg()[0]:.2f}",
+    wa = Worker(args.a, args.simd_a, model, args.prefetch_a)
+    wb = Worker(args.b, args.simd_b, model, args.prefetch_b)
+    print(f"A: {wa.file} simd={args.simd_a} prefetch={args.prefetch_a}\n"
+          f"B: {wb.file} simd={args.simd_b} prefetch={args.prefetch_b}\nload {os.getloadavg()[0]:.2f}",
           flush=True)
     ids = [1000 + (i * 7919) % 20000 for i in range(max(args.prefill_tokens, 32 * args.streams))]
     for sec in args.sections.split(","):

@@ -15,6 +15,7 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize  # noqa: E402
 
 from colibri_lab import _engine  # noqa: E402
+from colibri_lab.errors import InvalidRequestError  # noqa: E402
 from tinymodels import quantize_k  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
@@ -174,3 +175,39 @@ def test_amx_tiles_bit_identical(qtype):
         assert _engine.set_amx(True)
     for y in (*amx.values(), vnni):
         assert np.array_equal(y.view(np.uint32), scalar.view(np.uint32))
+
+
+@pytest.mark.parametrize("simd", ["avx2", "avx512"])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_panel_prefetch_modes_bit_identical(simd, qtype):
+    """The panel kernels' software prefetch (on, off, or by CPU vendor) is a
+    speed choice only: one row (decode, one pass per panel) and 20 rows
+    (several row tiles per panel), one and two threads, every mode gives the
+    same bits; the mode reads back and a bad one is refused."""
+    from gguf.quants import quantize
+
+    _need(simd)
+    rng = np.random.default_rng(int(qtype) + 7)
+    n_out, n_in = 16 * 5 + 3, 1024  # 6 panels: the ones 2 ahead are prefetched, a masked tail
+    if qtype in PANEL:
+        raw, _ = _weights(qtype, n_out, n_in, rng, "quantized")
+    else:
+        w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        raw = np.ascontiguousarray(quantize(w, qtype)).view(np.uint8).reshape(-1)
+    start = _engine.prefetch_mode()
+    try:
+        for n_rows in (1, 20):
+            x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+            ys = {}
+            for mode in ("on", "off", "auto"):
+                assert _engine.set_prefetch(mode) == mode == _engine.prefetch_mode()
+                for nt in (1, 2):
+                    ys[mode, nt] = _engine.kernel_matmul(int(qtype), raw, n_out, n_in, x, simd, nt)
+            ref = ys["on", 1]
+            for key, y in ys.items():
+                assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), key
+        with pytest.raises(InvalidRequestError, match="prefetch mode"):
+            _engine.set_prefetch("sometimes")
+        assert _engine.prefetch_mode() == "auto"
+    finally:
+        _engine.set_prefetch(start)

@@ -384,12 +384,12 @@ def provenance_line(meta: dict) -> str:
 
 def machine_info() -> dict:
     """The machine this process runs on: CPU model, CPU count, platform and the engine's SIMD
-    levels (detected, available, AMX tiles on); recorded with every run and every Dask worker."""
+    levels (detected, available, AMX tiles on, panel prefetch mode); recorded with every run and every Dask worker."""
     try:
         from colibri_lab import _engine
 
         simd = {"detected": _engine.simd_detect(), "available": list(_engine.simd_available()),
-                "amx": _engine.amx_active()}
+                "amx": _engine.amx_active(), "prefetch": _engine.prefetch_mode()}
     except Exception as exc:  # the extension may be missing when only analysing
         simd = {"error": str(exc)}
     return {"cpu": cpu_model(), "n_cpus": os.cpu_count(), "platform": platform.platform(), "simd": simd}

@@ -74,6 +74,26 @@ const char *cb_simd_name(int simd);
 int cb_amx_active(void);
 int cb_amx_enable(int on);
 
+/* Software prefetch of the weight panels in the panel matmul kernels (every
+ * quant type with a panel layout, both SIMD levels): while one panel of 16
+ * outputs computes, the one two panels ahead is prefetched into L2.  Whether
+ * that pays depends on the CPU's own prefetchers, so CB_PREFETCH_AUTO (the
+ * default) decides by vendor: on Intel (and any CPU not known otherwise)
+ * every type prefetches (its L2 streamer stops at 4 KB pages: Q6_K +15% from
+ * DRAM); on AMD (Zen 4 measured) matmuls of one or two rows (decode) of
+ * every type but Q4_K and Q5_K do not: there a core's L2 streamer follows
+ * the panels by itself and software prefetches hold its miss buffers,
+ * capping a core at ~23 GB/s where the same kernels without them read 30-33
+ * (the rule and its figures: cb_prefetch_panels in kernels.c).
+ * CB_PREFETCH_ON / CB_PREFETCH_OFF force every type on / off.
+ * COLIBRI_LAB_PREFETCH=0 / 1 (read once) sets the mode at start.
+ * cb_prefetch_set(mode): for the whole process, from the next matmul on (an
+ * A/B switch; not while one runs); returns cb_prefetch_mode().  Results are
+ * bit-identical in every mode; only the speed differs. */
+enum { CB_PREFETCH_AUTO = -1, CB_PREFETCH_OFF = 0, CB_PREFETCH_ON = 1 };
+int cb_prefetch_mode(void);
+int cb_prefetch_set(int mode);
+
 /* ------------------------------------------------------------------ model */
 
 typedef struct cb_model cb_model;

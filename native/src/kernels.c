@@ -173,6 +173,61 @@ int cb_simd_detect(void) {
 #endif
 }
 
+/* ---------------------------------------------------------- prefetch */
+
+/* Prefetch mode (CB_PREFETCH_*); CB_PREFETCH_AUTO - 1: not read from the
+ * environment yet.  CPU vendor: -1 unknown, 0 not AMD, 1 AMD. */
+static _Atomic int pf_mode = CB_PREFETCH_AUTO - 1;
+static _Atomic int pf_amd = -1;
+
+static int cpu_is_amd(void) {
+    int v = atomic_load_explicit(&pf_amd, memory_order_relaxed);
+    if (v >= 0) return v;
+    v = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    /* CPUID leaf 0: the vendor string in EBX, EDX, ECX ("Auth" "enti" "cAMD") */
+    if (__get_cpuid(0, &a, &b, &c, &d))
+        v = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+#endif
+    atomic_store_explicit(&pf_amd, v, memory_order_relaxed);
+    return v;
+}
+
+int cb_prefetch_mode(void) {
+    int m = atomic_load(&pf_mode);
+    if (m < CB_PREFETCH_AUTO) {
+        const char *env = getenv("COLIBRI_LAB_PREFETCH");
+        int want = !env || !*env ? CB_PREFETCH_AUTO : strcmp(env, "0") == 0 ? CB_PREFETCH_OFF
+                 : strcmp(env, "1") == 0 ? CB_PREFETCH_ON : CB_PREFETCH_AUTO;
+        int expect = m;
+        m = atomic_compare_exchange_strong(&pf_mode, &expect, want) ? want : expect;
+    }
+    return m;
+}
+
+int cb_prefetch_set(int mode) {
+    if (mode != CB_PREFETCH_OFF && mode != CB_PREFETCH_ON) mode = CB_PREFETCH_AUTO;
+    atomic_store(&pf_mode, mode);
+    return mode;
+}
+
+/* On AMD (Zen 4 measured) the L2 streamer follows a panel stream by itself
+ * and software prefetches hold the core's miss buffers, so where a kernel
+ * computes well ahead of the memory (one or two rows of the types with
+ * little work per byte) it streams faster without them (bench_kquants from
+ * DRAM, AVX-512: one row of Q6_K, Q4_0, Q4_1, Q5_0, Q8_0 30-33 GB/s without,
+ * 22-23 with; two rows 28-29 vs 21-23).  From 3-4 rows on the kernels compute
+ * longer per panel than the streamer runs ahead (4 rows of Q6_K 15.6 without,
+ * 27.0 with; 8 rows 9.3 vs 16.7), and Q4_K (17.9-22.6 vs 21.1-22.7 at one
+ * row) and Q5_K (two streams per super-block the streamer does not follow:
+ * 15.8 vs 27.5) keep it at every size. */
+int cb_prefetch_panels(int type, int n_rows) {
+    const int m = cb_prefetch_mode();
+    if (m != CB_PREFETCH_AUTO) return m == CB_PREFETCH_ON;
+    return !cpu_is_amd() || n_rows > 2 || type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K;
+}
+
 const char *cb_simd_name(int simd) {
     switch (simd) {
     case CB_SIMD_SCALAR: return "scalar";

@@ -205,6 +205,10 @@ void   cb_pack_weight(const cb_weight *w, void *dst);
  * no panel layout or memory ran out.  (A model packs all its matrices into
  * one block instead: model.c.) */
 void  *cb_pack_alloc(cb_weight *w);
+/* 1 if the panel kernels prefetch the panels of `type` ahead in a matmul
+ * of n_rows activation rows (the policy of cb_prefetch_mode, colibri.h);
+ * asked once per matmul call. */
+int    cb_prefetch_panels(int type, int n_rows);
 
 /* Function table of one SIMD level. */
 typedef struct {

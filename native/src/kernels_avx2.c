@@ -345,10 +345,11 @@ T2 static INL void p2_rows(const int type, const cb_weight *w, const cb_block_q8
                            int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nb = w->n_in / CB_QK;
     const size_t psz = (size_t)nb * cb_pack_block_bytes(type);
+    const int pfp = cb_prefetch_panels(type, n_rows);
     for (int64_t o = o0; o < o1; o += CB_PANEL) {
         const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
         const int no = (int)(o1 - o < CB_PANEL ? o1 - o : CB_PANEL);
-        const uint8_t *pf = o + PT2_PF_PANELS * CB_PANEL < w->n_out ? panel + PT2_PF_PANELS * psz : NULL;
+        const uint8_t *pf = pfp && o + PT2_PF_PANELS * CB_PANEL < w->n_out ? panel + PT2_PF_PANELS * psz : NULL;
         for (int r = 0, R; r < n_rows; r += R, pf = NULL) {
             R = n_rows - r >= 8 ? 8 : n_rows - r >= 4 ? 4 : n_rows - r;  /* tiles of 8, then 4, then the tail */
             const cb_block_q8 *xr = xq + (int64_t)r * nb;

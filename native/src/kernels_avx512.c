@@ -250,14 +250,16 @@ T512 static INL void p_rows(const int type, const cb_weight *w, const cb_block_q
                             int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nb = w->n_in / CB_QK;
     const size_t pb = cb_pack_block_bytes(type);
+    const int pfp = cb_prefetch_panels(type, n_rows);
     for (int64_t o = o0; o < o1; o += CB_PANEL) {
         const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * (size_t)nb * pb;
         const __mmask16 m = tail_mask(o1 - o);
         /* software prefetch (into L2) of the panel PF_PANELS ahead by the
          * first row tile: decode streams every weight once from L3 / DRAM,
          * and the hardware prefetcher alone leaves the kernel waiting at a
-         * few rows (into L1 it was slower: L1 holds fewer misses in flight) */
-        const uint8_t *pf = o + PF_PANELS * CB_PANEL < w->n_out ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
+         * few rows (into L1 it was slower: L1 holds fewer misses in flight);
+         * where the CPU's own prefetcher does better, not (cb_prefetch_panels) */
+        const uint8_t *pf = pfp && o + PF_PANELS * CB_PANEL < w->n_out ? panel + (size_t)PF_PANELS * (size_t)nb * pb : NULL;
         int r = 0;
         for (; r + PT_ROWS <= n_rows; r += PT_ROWS, pf = NULL)
             p_tile(type, PT_ROWS, panel, nb, xq + (int64_t)r * nb, xc ? xc + (int64_t)r * nb : NULL,

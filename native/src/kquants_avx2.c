@@ -254,6 +254,7 @@ KQ_ATTR KP2_INL void kp2_rows(const int type, const cb_weight *w, const cb_block
                               int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nsb = w->n_in / CB_QK_K;
     const size_t psz = (size_t)nsb * cb_pack_block_bytes(type);
+    const int pfp = cb_prefetch_panels(type, n_rows);
     int rb = (int)(KP2_ROW_BLOCK_BYTES / ((size_t)nsb * sizeof(cb_block_q8k)));
     rb = rb < KP2_ROWS ? KP2_ROWS : rb - rb % KP2_ROWS;
     for (int r0 = 0; r0 < n_rows; r0 += rb) {
@@ -261,7 +262,7 @@ KQ_ATTR KP2_INL void kp2_rows(const int type, const cb_weight *w, const cb_block
         for (int64_t o = o0; o < o1; o += CB_PANEL) {
             const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
             const int no = (int)(o1 - o < CB_PANEL ? o1 - o : CB_PANEL);
-            const uint8_t *pf = o + KP2_PF_PANELS * CB_PANEL < w->n_out ? panel + KP2_PF_PANELS * psz : NULL;
+            const uint8_t *pf = pfp && o + KP2_PF_PANELS * CB_PANEL < w->n_out ? panel + KP2_PF_PANELS * psz : NULL;
             for (int r = r0, R; r < r1; r += R, pf = NULL) {
                 R = r1 - r >= 8 ? 8 : r1 - r < 4 ? r1 - r : 4;
                 const cb_block_q8k *xr = xk + (int64_t)r * nsb;

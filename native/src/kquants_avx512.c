@@ -274,12 +274,14 @@ KQ_ATTR static INL void kp_tile(const int type, const int R, const uint8_t *pane
  * L2 across the panels otherwise: 512 rows of 1536 inputs are ~0.9 MB of
  * blocks, re-read from L3 for every panel), panels inner (a panel stays in
  * L1/L2 across the row tiles of a block), then row tiles; the first tile of
- * a panel prefetches the panel KP_PF_PANELS ahead.  The split changes which
- * tile a row is in, never the order of a row's float steps. */
+ * a panel prefetches the panel KP_PF_PANELS ahead (where cb_prefetch_panels
+ * says it pays).  The split changes which tile a row is in, never the order
+ * of a row's float steps. */
 KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_block_q8k *xk,
                                 int n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nsb = w->n_in / CB_QK_K;
     const size_t pb = cb_pack_block_bytes(type), psz = (size_t)nsb * pb;
+    const int pfp = cb_prefetch_panels(type, n_rows);
     int rb = (int)(KP_ROW_BLOCK_BYTES / ((size_t)nsb * sizeof(cb_block_q8k)));
     rb = rb < KP_ROWS ? KP_ROWS : rb - rb % KP_ROWS;
     for (int r0 = 0; r0 < n_rows; r0 += rb) {
@@ -287,7 +289,7 @@ KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_blo
         for (int64_t o = o0; o < o1; o += CB_PANEL) {
             const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
             const __mmask16 m = kp_mask(o1 - o);
-            const uint8_t *pf = o + KP_PF_PANELS * CB_PANEL < w->n_out ? panel + KP_PF_PANELS * psz : NULL;
+            const uint8_t *pf = pfp && o + KP_PF_PANELS * CB_PANEL < w->n_out ? panel + KP_PF_PANELS * psz : NULL;
             int r = r0;
             for (; r + KP_ROWS <= r1; r += KP_ROWS, pf = NULL)
                 kp_tile(type, KP_ROWS, panel, nsb, xk + (int64_t)r * nsb, y + r * ldy + o, ldy, m, pf);

@@ -28,7 +28,8 @@
  * held the loads behind it once the miss buffers were full: the panel
  * kernels of both levels call it once per inner step with p NULL when
  * there is nothing to prefetch (bench_kquants from DRAM, Intel Xeon, AVX2:
- * Q6_K +17%, Q5_K +24%, Q4_K +5%). */
+ * Q6_K +17%, Q5_K +24%, Q4_K +5%).  Whether a panel is prefetched at all
+ * is cb_prefetch_panels' choice (kernels.c: not for most types on AMD). */
 static inline __attribute__((always_inline)) void kq_prefetch_part(const uint8_t *p, size_t bytes, int k, int n) {
     if (!p) return;
     const size_t lines = (bytes + 63) / 64, l0 = lines * (size_t)k / (size_t)n, l1 = lines * (size_t)(k + 1) / (size_t)n;
