@@ -194,6 +194,23 @@ static int cpu_is_amd(void) {
     return v;
 }
 
+int cb_cpu_zmm_split(void) {
+    static _Atomic int split = -1;
+    int v = atomic_load_explicit(&split, memory_order_relaxed);
+    if (v >= 0) return v;
+    v = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    /* family = base family (EAX bits 8-11) + extended family (bits 20-27) when the base is 15 */
+    if (cpu_is_amd() && cb_simd_detect() == CB_SIMD_AVX512 && __get_cpuid(1, &a, &b, &c, &d)) {
+        const unsigned fam = ((a >> 8) & 0xF) == 0xF ? 0xF + ((a >> 20) & 0xFF) : (a >> 8) & 0xF;
+        v = fam == 0x19;  /* Zen 4 (Zen 3, the same family, has no AVX-512) */
+    }
+#endif
+    atomic_store_explicit(&split, v, memory_order_relaxed);
+    return v;
+}
+
 int cb_prefetch_mode(void) {
     int m = atomic_load(&pf_mode);
     if (m < CB_PREFETCH_AUTO) {

@@ -209,6 +209,9 @@ void  *cb_pack_alloc(cb_weight *w);
  * of n_rows activation rows (the policy of cb_prefetch_mode, colibri.h);
  * asked once per matmul call. */
 int    cb_prefetch_panels(int type, int n_rows);
+/* 1 if the CPU runs AVX-512 on a 256-bit datapath, each 512-bit operation
+ * as two halves (AMD Zen 4); cached after the first call. */
+int    cb_cpu_zmm_split(void);
 
 /* Function table of one SIMD level. */
 typedef struct {
