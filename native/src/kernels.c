@@ -173,10 +173,11 @@ int cb_simd_detect(void) {
 #endif
 }
 
-/* ---------------------------------------------------------- prefetch */
+/* ------------------------------------------- CPU traits and prefetch */
 
 /* Prefetch mode (CB_PREFETCH_*); CB_PREFETCH_AUTO - 1: not read from the
- * environment yet.  CPU vendor: -1 unknown, 0 not AMD, 1 AMD. */
+ * environment yet.  CPU vendor: -1 unknown, 0 not AMD, 1 AMD.  The kernels
+ * ask these per matmul, so both are cached after the first call. */
 static _Atomic int pf_mode = CB_PREFETCH_AUTO - 1;
 static _Atomic int pf_amd = -1;
 
