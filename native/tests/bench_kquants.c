@@ -20,7 +20,11 @@
  * (row kernels), CB_BENCH_THREADS=n runs cb_matmul on a pool of n threads
  * (then the wall GB/s is the figure), CB_BENCH_PREQ=1 quantizes the activations once outside the
  * timing and calls the kernel directly (the kernel without cb_matmul's
- * quantization).  GOP/s counts a multiply and an add per weight and row.
+ * quantization).  COLIBRI_LAB_PREFETCH=0 / 1 forces the panels' software
+ * prefetch off / on (default: the engine's choice by CPU, cb_prefetch_panels),
+ * and on Zen 4 one- and two-row Q4_K at the AVX-512 level runs the AVX2
+ * kernel as the engine does (cb_kq_matmul_rows).  GOP/s counts a multiply
+ * and an add per weight and row.
  * At AVX-512 each run is followed by a vpdpbusd peak loop (peak_gops):
  * kernel/peak is the number to compare across builds and windows.
  */
