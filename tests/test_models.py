@@ -492,3 +492,17 @@ def test_concurrent_pulls_take_turns(cache, chunked_spec, monkeypatch):
     assert results == [models.model_path("chunky")] * 2
     assert len(calls) == 3  # the second found the file complete and verified: no download
     assert models.model_path("chunky").read_bytes() == CHUNKED
+
+
+def test_info_reports_the_model_and_the_kernel_choices(make_tiny, capsys):
+    """`colibri-lab info` prints the model's shape and the run-time kernel
+    choices an A/B depends on (SIMD level, AMX tiles, panel prefetch mode)."""
+    import json
+
+    from colibri_lab import _engine, cli
+
+    path = make_tiny(wtype="Q4_1").path
+    assert cli.main(["info", "--model", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["info"]["n_layer"] >= 1 and out["simd_detected"] in out["simd_available"]
+    assert out["amx"] is _engine.amx_active() and out["prefetch"] == _engine.prefetch_mode()
