@@ -239,7 +239,8 @@ int cb_prefetch_set(int mode) {
  * longer per panel than the streamer runs ahead (4 rows of Q6_K 15.6 without,
  * 27.0 with; 8 rows 9.3 vs 16.7), and Q4_K (17.9-22.6 vs 21.1-22.7 at one
  * row) and Q5_K (two streams per super-block the streamer does not follow:
- * 15.8 vs 27.5) keep it at every size. */
+ * 15.8 vs 27.5) keep it at every size (Zen 4's one-row Q4_K kernel at the
+ * AVX-512 level excepted: kquants_avx512.c, ky_rows_q4). */
 int cb_prefetch_panels(int type, int n_rows) {
     const int m = cb_prefetch_mode();
     if (m != CB_PREFETCH_AUTO) return m == CB_PREFETCH_ON;

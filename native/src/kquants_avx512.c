@@ -302,6 +302,137 @@ KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_blo
     }
 }
 
+/* ------------------------------------------- one- and two-row Q4_K, 256-bit
+ *
+ * On a CPU that runs each 512-bit operation as two 256-bit halves (Zen 4,
+ * cb_cpu_zmm_split) decode's Q4_K matmuls run this kernel: kp_tile_q45's
+ * steps on the two halves of 8 outputs of each panel row (bytes 0-31 and
+ * 32-63 of every 64-byte line), vpdpbusd on ymm with the 32 registers of
+ * AVX-512VL.  Same integer sums, same float step, same bits.  Why: from
+ * DRAM one row of the 512-bit kernel streams 21-23 GB/s and AVX2's
+ * vpmaddubsw kernel 22-25 (its compute rate in L2, 28 GB/s, is the cap),
+ * this one 25.6-27.1 without software prefetch, within a few percent of a
+ * plain read loop; two rows 24.6 with it against AVX2's 18.0 (bench_kquants,
+ * Zen 4, session 25; ky_rows_q4 has the prefetch rule). */
+KQ_ATTR static INL __m256i ky_dp(__m256i acc, __m256i w, const kq_i32u *x) {
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+#else
+    return _mm256_dpbusd_epi32(acc, w, _mm256_set1_epi32(*x));
+#endif
+}
+
+KQ_ATTR static INL __m256i ky_dpw(__m256i acc, __m256i w, const kq_i32u *x) {
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__("vpdpwssd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+#else
+    return _mm256_dpwssd_epi32(acc, w, _mm256_set1_epi32(*x));
+#endif
+}
+
+/* One Q4_K panel (no <= 16 outputs wanted) x R (1 or 2) rows. */
+KQ_ATTR static INL void ky_tile_q4(const int R, const uint8_t *panel, int64_t nsb, const cb_block_q8k *xr,
+                                   float *y, int64_t ldy, int no, const uint8_t *pf) {
+    const size_t pb = 16 * 144;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi4 = _mm256_set1_epi8((char)0xF0);
+    __m256 acc[2][2];  /* [half][row]: 8 outputs each */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < R; r++) acc[h][r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *p = panel + (size_t)s * pb, *pfs = pf ? pf + (size_t)s * pb : NULL;
+        /* sub-block scales as int32 per half, even ones x 16 as in kp_scales_q45 */
+        _Alignas(32) __m256i sc[8][2];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m128i f = kp_field_q45(p, j, 0);
+            const __m256i v0 = _mm256_cvtepu8_epi32(f), v1 = _mm256_cvtepu8_epi32(_mm_srli_si128(f, 8));
+            _mm256_store_si256(&sc[j][0], j & 1 ? v0 : _mm256_slli_epi32(v0, 4));
+            _mm256_store_si256(&sc[j][1], j & 1 ? v1 : _mm256_slli_epi32(v1, 4));
+        }
+        __m256i isum[2][2];
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < R; r++) isum[h][r] = _mm256_setzero_si256();
+        const uint8_t *qs = p + 256;
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {  /* sub-block j: nibble j & 1 of group j / 2, the high one in place */
+            kq_prefetch_part(pfs, pb, j, 8);
+            const uint8_t *q = qs + 512 * (j >> 1);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i W[8];
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++)
+                    W[c] = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * c + 32 * h)), j & 1 ? hi4 : lo4);
+                const __m256i scj = _mm256_load_si256(&sc[j][h]);
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++) {
+                    const kq_i32u *x4 = (const kq_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
+                    __m256i t0 = ky_dp(_mm256_setzero_si256(), W[0], x4);
+                    __m256i t1 = ky_dp(_mm256_setzero_si256(), W[4], x4 + 4);
+#pragma GCC unroll 3
+                    for (int c = 1; c < 4; c++) {
+                        t0 = ky_dp(t0, W[c], x4 + c);
+                        t1 = ky_dp(t1, W[c + 4], x4 + c + 4);
+                    }
+                    isum[h][r] = _mm256_add_epi32(isum[h][r], _mm256_mullo_epi32(_mm256_add_epi32(t0, t1), scj));
+                }
+            }
+        }
+        __m128i mn[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) mn[j] = kp_field_q45(p, j, 1);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i mp[4];  /* int16 pairs (m_2k, m_2k+1) of the half's 8 outputs */
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                mp[k] = _mm256_cvtepu8_epi16(h ? _mm_unpackhi_epi8(mn[2 * k], mn[2 * k + 1])
+                                               : _mm_unpacklo_epi8(mn[2 * k], mn[2 * k + 1]));
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+            const __m256 dq = _mm256_mul_ps(d, _mm256_set1_ps(0.0625f));  /* exact */
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h)));
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
+                const kq_i32u *b2 = (const kq_i32u *)xb->bs32;
+                __m256i ms = ky_dpw(_mm256_setzero_si256(), mp[0], b2);
+                ms = ky_dpw(ms, mp[1], b2 + 1);
+                ms = ky_dpw(ms, mp[2], b2 + 2);
+                ms = ky_dpw(ms, mp[3], b2 + 3);
+                const __m256 a = _mm256_mul_ps(dq, _mm256_cvtepi32_ps(isum[h][r]));
+                const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(ms));
+                acc[h][r] = _mm256_add_ps(acc[h][r], _mm256_mul_ps(_mm256_sub_ps(a, b), _mm256_set1_ps(xb->d)));
+            }
+        }
+    }
+    for (int h = 0; h < 2 && no > 8 * h; h++) {
+        const int n = no - 8 * h < 8 ? no - 8 * h : 8;
+        for (int r = 0; r < R; r++)
+            _mm256_mask_storeu_ps(y + (int64_t)r * ldy + 8 * h, (__mmask8)((1u << n) - 1u), acc[h][r]);
+    }
+}
+
+/* Panels over outputs [o0, o1) (o0 a multiple of CB_PANEL) x 1 or 2 rows. */
+KQ_ATTR static void ky_rows_q4(const cb_weight *w, const cb_block_q8k *xk, int n_rows, float *y, int64_t ldy,
+                               int64_t o0, int64_t o1) {
+    const int64_t nsb = w->n_in / CB_QK_K;
+    const size_t psz = (size_t)nsb * cb_pack_block_bytes(CB_TYPE_Q4_K);
+    /* one row streams faster without the software prefetch (25.6 GB/s
+     * against 20.0 with), two with it (24.6 against 22.8): the prefetch
+     * only where forced on, as cb_prefetch_panels rules for AMD's
+     * kernels with little work per byte */
+    const int pfp = n_rows == 1 ? cb_prefetch_mode() == CB_PREFETCH_ON : cb_prefetch_panels(CB_TYPE_Q4_K, n_rows);
+    for (int64_t o = o0; o < o1; o += CB_PANEL) {
+        const uint8_t *panel = (const uint8_t *)w->packed + (size_t)(o / CB_PANEL) * psz;
+        const int no = (int)(o1 - o < CB_PANEL ? o1 - o : CB_PANEL);
+        const uint8_t *pf = pfp && o + KP_PF_PANELS * CB_PANEL < w->n_out ? panel + KP_PF_PANELS * psz : NULL;
+        if (n_rows == 2) ky_tile_q4(2, panel, nsb, xk, y + o, ldy, no, pf);
+        else ky_tile_q4(1, panel, nsb, xk, y + o, ldy, no, pf);
+    }
+}
+
 /* ------------------------------------------------------------ AMX tiles */
 
 /* Prefill-sized batches (16 rows and more) of Q4_K, Q5_K and Q6_K on CPUs
@@ -649,6 +780,8 @@ int cb_kq_matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const cb
     case CB_TYPE_Q2_K: matmul_q23_K_avx512(0, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q3_K: matmul_q23_K_avx512(1, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q4_K:
+        if (w->packed && n_rows <= 2 && cb_cpu_zmm_split()) { ky_rows_q4(w, xk, n_rows, y, ldy, o0, o1); return 1; }
+        /* fall through */
     case CB_TYPE_Q5_K:
     case CB_TYPE_Q6_K: if (!w->packed) return 0; kp_matmul(w->type, w, xk, n_rows, y, ldy, o0, o1); return 1;
     default: return 0;

@@ -288,15 +288,10 @@ void cb_kq_matmul_rows_scalar(const cb_weight *w, const cb_block_q8 *xq, const c
 
 /* Every level gives the same bits (the same integer sums, the same float
  * steps in the same order) and reads the same panel layout, so the level a
- * matmul runs at is a speed choice.  One: on a CPU that splits 512-bit
- * operations (Zen 4), one- and two-row Q4_K matmuls (decode) run the AVX2
- * kernel at the AVX-512 level: qwen2.5-coder-1.5b decode +6.3% / +4.2% at
- * 1 / 2 threads, 0.5b +3.3% / +2.1%, gemma3-270m unchanged (bench_builds_ab,
- * 4 rounds, session 24); the AVX-512 kernel stays for Q6_K (30 GB/s from
- * DRAM against AVX2's 27) and for every batch of 3 rows and more. */
+ * matmul runs at is a speed choice (and within the AVX-512 level, the
+ * kernel: kquants_avx512.c's 256-bit one for decode's Q4_K on Zen 4). */
 void cb_kq_matmul_rows(int simd, const cb_weight *w, const cb_block_q8 *xq, const cb_block_q8k *xk, int n_rows,
                        float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    if (simd == CB_SIMD_AVX512 && n_rows <= 2 && w->type == CB_TYPE_Q4_K && cb_cpu_zmm_split()) simd = CB_SIMD_AVX2;
     if (simd == CB_SIMD_AVX512 && cb_kq_matmul_rows_avx512(w, xq, xk, n_rows, y, ldy, o0, o1)) return;
     if (simd >= CB_SIMD_AVX2 && cb_kq_matmul_rows_avx2(w, xq, xk, n_rows, y, ldy, o0, o1)) return;
     cb_kq_matmul_rows_scalar(w, xq, xk, n_rows, y, ldy, o0, o1);
