@@ -40,6 +40,8 @@ cdef extern from "colibri.h" nogil:
     int cb_amx_enable(int on)
     int cb_prefetch_mode()
     int cb_prefetch_set(int mode)
+    int cb_ymm_decode()
+    int cb_ymm_decode_set(int mode)
 
     ctypedef struct cb_model_params:
         int validate_only
@@ -257,14 +259,32 @@ def set_amx(bint on):
     return bool(cb_amx_enable(1 if on else 0))
 
 
+def ymm_decode():
+    """True if decode's Q4_K matmuls (one or two rows) at the avx512 level
+    run the 256-bit kernel instead of the 512-bit one: by default on CPUs that
+    split each 512-bit operation in two (AMD Zen 4), where it streams faster.
+    Results are bit-identical either way; only the speed differs."""
+    return bool(cb_ymm_decode())
+
+
+def set_ymm_decode(on):
+    """Run decode's Q4_K matmuls on the 256-bit kernel always (True), never
+    (False) or as the CPU decides (None), for the whole process from the next
+    matmul on (an A/B switch); returns ymm_decode()."""
+    if on is not None and not isinstance(on, bool):
+        raise errors.InvalidRequestError(f"set_ymm_decode takes True, False or None, got {on!r}")
+    return bool(cb_ymm_decode_set(-1 if on is None else int(on)))
+
+
 _PREFETCH_MODES = {"auto": -1, "off": 0, "on": 1}
 
 
 def prefetch_mode():
     """The panel kernels' software-prefetch mode: "auto" (by CPU vendor: always
     on Intel and unknown CPUs; on AMD not for matmuls of one or two rows of
-    types other than Q4_K and Q5_K, whose panels the hardware prefetcher
-    streams faster alone), "on" (always) or "off" (never).
+    types other than Q4_K and Q5_K, nor one row of Q4_K on the kernel of
+    ymm_decode(), whose panels the hardware prefetcher streams faster alone),
+    "on" (always) or "off" (never).
     COLIBRI_LAB_PREFETCH=0 / 1 sets it at start.  Results are bit-identical in
     every mode; only the speed differs."""
     m = cb_prefetch_mode()

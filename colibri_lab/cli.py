@@ -162,7 +162,8 @@ def cmd_info(a) -> int:
     m = _engine.Model(str(models.resolve(a.model)))
     print(json.dumps({"path": m.path, "info": m.info, "simd_available": _engine.simd_available(),
                       "simd_detected": _engine.simd_detect(), "amx": _engine.amx_active(),
-                      "prefetch": _engine.prefetch_mode()}, indent=2))
+                      "prefetch": _engine.prefetch_mode(),
+                      "ymm_decode": _engine.ymm_decode()}, indent=2))
     return 0
 
 

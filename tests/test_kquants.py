@@ -124,18 +124,39 @@ def test_simd_levels_agree(qtype, kind):
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_decode_rows_agree_across_levels(qtype):
     """One and two rows (decode, and a verify of one draft) pick their kernel
-    by CPU (a Zen 4 runs Q4_K's at the AVX2 level inside the AVX-512 one):
-    every level must still give the scalar path's bits, in one and two
-    threads, over enough panels that both threads get several."""
+    by CPU (a Zen 4 runs Q4_K's on the 256-bit kernel of ymm_decode inside
+    the AVX-512 level; set_ymm_decode runs either kernel on any AVX-512 CPU):
+    every level and kernel must still give the scalar path's bits, in one and
+    two threads, over enough panels that both threads get several, with a
+    last panel of 5 outputs (less than half of one)."""
     rng = np.random.default_rng(11)
     raw, _ = _weights(qtype, 16 * 7 + 5, 1536, rng, "quantized")
-    for n_rows in (1, 2):
-        x = rng.standard_normal((n_rows, 1536)).astype(np.float32)
-        ref = _engine.kernel_matmul(int(qtype), raw, 16 * 7 + 5, 1536, x, "scalar", 1)
-        for s in _engine.simd_available():
-            for t in (1, 2):
-                y = _engine.kernel_matmul(int(qtype), raw, 16 * 7 + 5, 1536, x, s, t)
-                assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), (n_rows, s, t)
+    start = _engine.ymm_decode()
+    try:
+        for ymm in (False, True):
+            _engine.set_ymm_decode(ymm)
+            for n_rows in (1, 2):
+                x = rng.standard_normal((n_rows, 1536)).astype(np.float32)
+                ref = _engine.kernel_matmul(int(qtype), raw, 16 * 7 + 5, 1536, x, "scalar", 1)
+                for s in _engine.simd_available():
+                    for t in (1, 2):
+                        y = _engine.kernel_matmul(int(qtype), raw, 16 * 7 + 5, 1536, x, s, t)
+                        assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), (ymm, n_rows, s, t)
+    finally:
+        assert _engine.set_ymm_decode(None) == start
+
+
+def test_ymm_decode_switch():
+    """set_ymm_decode takes True, False or None (the CPU's choice) and
+    refuses anything else by name."""
+    start = _engine.ymm_decode()
+    try:
+        assert _engine.set_ymm_decode(True) is True and _engine.ymm_decode() is True
+        assert _engine.set_ymm_decode(False) is False
+        with pytest.raises(InvalidRequestError, match="True, False or None"):
+            _engine.set_ymm_decode("yes")
+    finally:
+        assert _engine.set_ymm_decode(None) == start
 
 
 @pytest.mark.parametrize("simd", SIMD)

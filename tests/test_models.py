@@ -506,3 +506,4 @@ def test_info_reports_the_model_and_the_kernel_choices(make_tiny, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["info"]["n_layer"] >= 1 and out["simd_detected"] in out["simd_available"]
     assert out["amx"] is _engine.amx_active() and out["prefetch"] == _engine.prefetch_mode()
+    assert out["ymm_decode"] is _engine.ymm_decode()

@@ -81,7 +81,8 @@ int cb_amx_enable(int on);
  * default) decides by vendor: on Intel (and any CPU not known otherwise)
  * every type prefetches (its L2 streamer stops at 4 KB pages: Q6_K +15% from
  * DRAM); on AMD (Zen 4 measured) matmuls of one or two rows (decode) of
- * every type but Q4_K and Q5_K do not: there a core's L2 streamer follows
+ * every type but Q4_K and Q5_K do not, nor one row of Q4_K on the 256-bit
+ * kernel of cb_ymm_decode: there a core's L2 streamer follows
  * the panels by itself and software prefetches hold its miss buffers,
  * capping a core at ~23 GB/s where the same kernels without them read 30-33
  * (the rule and its figures: cb_prefetch_panels in kernels.c).
@@ -93,6 +94,19 @@ int cb_amx_enable(int on);
 enum { CB_PREFETCH_AUTO = -1, CB_PREFETCH_OFF = 0, CB_PREFETCH_ON = 1 };
 int cb_prefetch_mode(void);
 int cb_prefetch_set(int mode);
+
+/* Decode's Q4_K matmuls (one or two activation rows) at CB_SIMD_AVX512 on a
+ * 256-bit kernel (ymm registers, AVX-512VL VNNI) instead of the 512-bit one:
+ * by default on CPUs that run each 512-bit operation as two halves (AMD Zen
+ * 4, by CPUID family), where it streams its weights from DRAM within a few
+ * percent of a plain read loop and the 512-bit kernel does not (figures:
+ * kquants_avx512.c).  cb_ymm_decode(): 1 if they run it now.
+ * cb_ymm_decode_set(mode): -1 by CPU, 0 never, 1 always, for the whole
+ * process from the next matmul on (an A/B switch, and what lets the tests
+ * run the kernel on any AVX-512 CPU); returns cb_ymm_decode().  Results are
+ * bit-identical either way. */
+int cb_ymm_decode(void);
+int cb_ymm_decode_set(int mode);
 
 /* ------------------------------------------------------------------ model */
 

@@ -212,6 +212,18 @@ int cb_cpu_zmm_split(void) {
     return v;
 }
 
+static _Atomic int ymm_mode = -1;  /* cb_ymm_decode_set's mode */
+
+int cb_ymm_decode(void) {
+    const int m = atomic_load_explicit(&ymm_mode, memory_order_relaxed);
+    return m < 0 ? cb_cpu_zmm_split() : m;
+}
+
+int cb_ymm_decode_set(int mode) {
+    atomic_store(&ymm_mode, mode == 0 || mode == 1 ? mode : -1);
+    return cb_ymm_decode();
+}
+
 int cb_prefetch_mode(void) {
     int m = atomic_load(&pf_mode);
     if (m < CB_PREFETCH_AUTO) {

@@ -304,9 +304,9 @@ KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_blo
 
 /* ------------------------------------------- one- and two-row Q4_K, 256-bit
  *
- * On a CPU that runs each 512-bit operation as two 256-bit halves (Zen 4,
- * cb_cpu_zmm_split) decode's Q4_K matmuls run this kernel: kp_tile_q45's
- * steps on the two halves of 8 outputs of each panel row (bytes 0-31 and
+ * On a CPU that runs each 512-bit operation as two 256-bit halves (Zen 4:
+ * cb_ymm_decode in colibri.h) decode's Q4_K matmuls run this kernel:
+ * kp_tile_q45's steps on the two halves of 8 outputs of each panel row (bytes 0-31 and
  * 32-63 of every 64-byte line), vpdpbusd on ymm with the 32 registers of
  * AVX-512VL.  Same integer sums, same float step, same bits.  Why: from
  * DRAM one row of the 512-bit kernel streams 21-23 GB/s and AVX2's
@@ -780,7 +780,7 @@ int cb_kq_matmul_rows_avx512(const cb_weight *w, const cb_block_q8 *xq, const cb
     case CB_TYPE_Q2_K: matmul_q23_K_avx512(0, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q3_K: matmul_q23_K_avx512(1, w, xq, n_rows, y, ldy, o0, o1); return 1;
     case CB_TYPE_Q4_K:
-        if (w->packed && n_rows <= 2 && cb_cpu_zmm_split()) { ky_rows_q4(w, xk, n_rows, y, ldy, o0, o1); return 1; }
+        if (w->packed && n_rows <= 2 && cb_ymm_decode()) { ky_rows_q4(w, xk, n_rows, y, ldy, o0, o1); return 1; }
         /* fall through */
     case CB_TYPE_Q5_K:
     case CB_TYPE_Q6_K: if (!w->packed) return 0; kp_matmul(w->type, w, xk, n_rows, y, ldy, o0, o1); return 1;

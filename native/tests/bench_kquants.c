@@ -22,9 +22,10 @@
  * timing and calls the kernel directly (the kernel without cb_matmul's
  * quantization).  COLIBRI_LAB_PREFETCH=0 / 1 forces the panels' software
  * prefetch off / on (default: the engine's choice by CPU, cb_prefetch_panels),
- * and on Zen 4 one- and two-row Q4_K at the AVX-512 level runs the AVX2
- * kernel as the engine does (cb_kq_matmul_rows).  GOP/s counts a multiply
- * and an add per weight and row.
+ * CB_BENCH_YMM=0 / 1 runs one- and two-row Q4_K at the AVX-512 level on
+ * the 512-bit / 256-bit kernel (default: the engine's choice by CPU,
+ * cb_ymm_decode), CB_BENCH_TYPE=n only type n (CB_TYPE_*, e.g. 12 Q4_K).
+ * GOP/s counts a multiply and an add per weight and row.
  * At AVX-512 each run is followed by a vpdpbusd peak loop (peak_gops):
  * kernel/peak is the number to compare across builds and windows.
  */
@@ -109,9 +110,12 @@ int main(int argc, char **argv) {
     /* CB_BENCH_THREADS=n: cb_matmul over a pool of n threads (compare the wall GB/s then) */
     const int nthr = getenv("CB_BENCH_THREADS") ? atoi(getenv("CB_BENCH_THREADS")) : 1;
     cb_pool *pool = nthr > 1 ? cb_pool_new(nthr) : NULL;
+    if (getenv("CB_BENCH_YMM")) cb_ymm_decode_set(atoi(getenv("CB_BENCH_YMM")));
+    const int only = getenv("CB_BENCH_TYPE") ? atoi(getenv("CB_BENCH_TYPE")) : -1;
     printf("simd %s, rows %d, shape %lld x %lld\n", cb_simd_name(simd), rows, (long long)n_out, (long long)n_in);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
+        if (only >= 0 && type != only) continue;
         if (n_in % cb_type_block(type) != 0) {  /* e.g. 640 inputs: no 256-wide K-quant super-blocks */
             printf("%-5s skipped: %lld inputs are not whole blocks of this type\n", cb_type_name(type), (long long)n_in);
             continue;
