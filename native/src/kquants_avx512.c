@@ -15,7 +15,8 @@
  *     acc += (d * float(isum)) * dx                             (Q6_K)
  * as separate multiplies, subtractions and adds (no FMA), so the results are
  * the scalar path's bits, whatever the tile, the panel's place in the work
- * split or the thread (batch invariance).
+ * split or the thread (batch invariance).  On Zen 4 (cb_ymm_decode) one- and
+ * two-row Q4_K runs the same steps on 256-bit halves of the panels (ky_*).
  *
  * Q2_K and Q3_K run the row kernels of kquants_simd.h with vpdpbusd on
  * 256-bit vectors against cb_block_q8 activations.
@@ -306,14 +307,15 @@ KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_blo
  *
  * On a CPU that runs each 512-bit operation as two 256-bit halves (Zen 4:
  * cb_ymm_decode in colibri.h) decode's Q4_K matmuls run this kernel:
- * kp_tile_q45's steps on the two halves of 8 outputs of each panel row (bytes 0-31 and
- * 32-63 of every 64-byte line), vpdpbusd on ymm with the 32 registers of
- * AVX-512VL.  Same integer sums, same float step, same bits.  Why: from
- * DRAM one row of the 512-bit kernel streams 21-23 GB/s and AVX2's
- * vpmaddubsw kernel 22-25 (its compute rate in L2, 28 GB/s, is the cap),
- * this one 25.6-27.1 without software prefetch, within a few percent of a
- * plain read loop; two rows 24.6 with it against AVX2's 18.0 (bench_kquants,
- * Zen 4, session 25; ky_rows_q4 has the prefetch rule). */
+ * kp_tile_q45's steps on the two halves of 8 outputs of each panel row
+ * (bytes 0-31 and 32-63 of every 64-byte line), vpdpbusd on ymm with the 32
+ * registers of AVX-512VL.  Same integer sums, same float step, same bits.
+ * Why: from DRAM one row of the 512-bit kernel streams 21-23 GB/s (0.71-0.75
+ * of a plain read loop; in L2 it computes 50) and AVX2's vpmaddubsw kernel
+ * 22-25 (its compute rate in L2, 28, is the cap), this one 25.6-28.5
+ * without software prefetch (0.89-0.90 of the read loop); two rows 24.6 with
+ * it against AVX2's 18.0 (bench_kquants, Zen 4, session 25; ky_rows_q4 has
+ * the prefetch rule). */
 KQ_ATTR static INL __m256i ky_dp(__m256i acc, __m256i w, const kq_i32u *x) {
 #if defined(__GNUC__) || defined(__clang__)
     __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
