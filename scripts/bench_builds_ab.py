@@ -19,6 +19,7 @@ Usage:
       --sections prefill,decode --threads 1,2 --rounds 3
   python scripts/bench_builds_ab.py --a . --b . --simd-a avx512 --simd-b avx2 ...
   python scripts/bench_builds_ab.py --a . --b . --prefetch-a on --prefetch-b auto ...
+  python scripts/bench_builds_ab.py --a . --b . --ymm-a off --ymm-b on ...
 
 Timed around Engine.step() as scripts/bench_engine.py does.  Run it under the
 bench lock (flock /tmp/bench.lock ...).
@@ -40,6 +41,8 @@ import colibri_lab
 model, simd = _engine.Model(sys.argv[1]), sys.argv[2]
 if sys.argv[3] != "default":
     _engine.set_prefetch(sys.argv[3])
+if sys.argv[4] != "default":
+    _engine.set_ymm_decode({"auto": None, "on": True, "off": False}[sys.argv[4]])
 engines = {}
 def engine(nt, n_slots, n_ctx, n_batch):
     key = (nt, n_slots, n_ctx, n_batch)
@@ -92,10 +95,10 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, tree, simd, model, prefetch="default"):
+    def __init__(self, tree, simd, model, prefetch="default", ymm="default"):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.abspath(tree)
-        self.p = subprocess.Popen([sys.executable, "-c", WORKER, model, simd, prefetch], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen([sys.executable, "-c", WORKER, model, simd, prefetch, ymm], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env,
                                   cwd=env["PYTHONPATH"])  # '' on sys.path is the tree, before any install
         self.file = json.loads(self.p.stdout.readline())["file"]
@@ -124,6 +127,9 @@ def main():
     ap.add_argument("--prefetch-a", default="default", choices=["default", "auto", "on", "off"],
                     help="panel software-prefetch mode of variant A (_engine.set_prefetch; default: as started)")
     ap.add_argument("--prefetch-b", default="default", choices=["default", "auto", "on", "off"])
+    ap.add_argument("--ymm-a", default="default", choices=["default", "auto", "on", "off"],
+                    help="decode's Q4_K on the 256-bit kernel in variant A (_engine.set_ymm_decode; default: as started)")
+    ap.add_argument("--ymm-b", default="default", choices=["default", "auto", "on", "off"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--sections", default="prefill,decode")
     ap.add_argument("--threads", default="1,2")
@@ -133,10 +139,10 @@ def main():
     ap.add_argument("--streams", type=int, default=8)
     args = ap.parse_args()
     model = os.path.expanduser(args.model)
-    wa = Worker(args.a, args.simd_a, model, args.prefetch_a)
-    wb = Worker(args.b, args.simd_b, model, args.prefetch_b)
-    print(f"A: {wa.file} simd={args.simd_a} prefetch={args.prefetch_a}\n"
-          f"B: {wb.file} simd={args.simd_b} prefetch={args.prefetch_b}\nload {os.getloadavg()[0]:.2f}",
+    wa = Worker(args.a, args.simd_a, model, args.prefetch_a, args.ymm_a)
+    wb = Worker(args.b, args.simd_b, model, args.prefetch_b, args.ymm_b)
+    print(f"A: {wa.file} simd={args.simd_a} prefetch={args.prefetch_a} ymm={args.ymm_a}\n"
+          f"B: {wb.file} simd={args.simd_b} prefetch={args.prefetch_b} ymm={args.ymm_b}\nload {os.getloadavg()[0]:.2f}",
           flush=True)
     ids = [1000 + (i * 7919) % 20000 for i in range(max(args.prefill_tokens, 32 * args.streams))]
     for sec in args.sections.split(","):
