@@ -53,26 +53,23 @@ KQ_ATTR static inline __m256i kq_mulsum_avx512(__m256i wu, __m256i xs) {
 
 typedef int32_t kq_i32u __attribute__((may_alias, aligned(1)));
 
-/* acc += dpbusd(w, the 4 activation bytes at x broadcast to every lane), the
- * broadcast folded into the instruction's memory operand. */
-KQ_ATTR static INL __m512i kp_dp(__m512i acc, __m512i w, const kq_i32u *x) {
+/* name(acc, w, x): acc += INSN(w, the 32 bits at x broadcast to every lane),
+ * the broadcast folded into the instruction's memory operand ({1toLANES}). */
 #if defined(__GNUC__) || defined(__clang__)
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
-    return acc;
+#define KP_BCAST_DOT(name, vec, insn, lanes, intrin, set1)                                  \
+    KQ_ATTR static INL vec name(vec acc, vec w, const kq_i32u *x) {                         \
+        __asm__(insn " %2%{1to" #lanes "%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));        \
+        return acc;                                                                         \
+    }
 #else
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*x));
+#define KP_BCAST_DOT(name, vec, insn, lanes, intrin, set1)                                  \
+    KQ_ATTR static INL vec name(vec acc, vec w, const kq_i32u *x) { return intrin(acc, w, set1(*x)); }
 #endif
-}
-
-/* acc += dpwssd(w, the int16 pair at x broadcast to every lane). */
-KQ_ATTR static INL __m512i kp_dpw(__m512i acc, __m512i w, const kq_i32u *x) {
-#if defined(__GNUC__) || defined(__clang__)
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
-    return acc;
-#else
-    return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(*x));
-#endif
-}
+/* dpbusd: 4 activation bytes; dpwssd: an int16 pair of activation sums */
+KP_BCAST_DOT(kp_dp, __m512i, "vpdpbusd", 16, _mm512_dpbusd_epi32, _mm512_set1_epi32)
+KP_BCAST_DOT(kp_dpw, __m512i, "vpdpwssd", 16, _mm512_dpwssd_epi32, _mm512_set1_epi32)
+KP_BCAST_DOT(ky_dp, __m256i, "vpdpbusd", 8, _mm256_dpbusd_epi32, _mm256_set1_epi32)
+KP_BCAST_DOT(ky_dpw, __m256i, "vpdpwssd", 8, _mm256_dpwssd_epi32, _mm256_set1_epi32)
 
 static inline __mmask16 kp_mask(int64_t rem) {
     return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
@@ -316,24 +313,6 @@ KQ_ATTR static INL void kp_rows(const int type, const cb_weight *w, const cb_blo
  * without software prefetch (0.89-0.90 of the read loop); two rows 24.6 with
  * it against AVX2's 18.0 (bench_kquants, Zen 4, session 25; ky_rows_q4 has
  * the prefetch rule). */
-KQ_ATTR static INL __m256i ky_dp(__m256i acc, __m256i w, const kq_i32u *x) {
-#if defined(__GNUC__) || defined(__clang__)
-    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
-    return acc;
-#else
-    return _mm256_dpbusd_epi32(acc, w, _mm256_set1_epi32(*x));
-#endif
-}
-
-KQ_ATTR static INL __m256i ky_dpw(__m256i acc, __m256i w, const kq_i32u *x) {
-#if defined(__GNUC__) || defined(__clang__)
-    __asm__("vpdpwssd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
-    return acc;
-#else
-    return _mm256_dpwssd_epi32(acc, w, _mm256_set1_epi32(*x));
-#endif
-}
-
 /* One Q4_K panel (no <= 16 outputs wanted) x R (1 or 2) rows. */
 KQ_ATTR static INL void ky_tile_q4(const int R, const uint8_t *panel, int64_t nsb, const cb_block_q8k *xr,
                                    float *y, int64_t ldy, int no, const uint8_t *pf) {
