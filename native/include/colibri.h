@@ -99,7 +99,8 @@ int cb_prefetch_set(int mode);
  * 256-bit kernel (ymm registers, AVX-512VL VNNI) instead of the 512-bit one:
  * by default on CPUs that run each 512-bit operation as two halves (AMD Zen
  * 4, by CPUID family), where it streams its weights from DRAM at ~90% of a
- * plain read loop and the 512-bit kernel at ~73% (figures: kquants_avx512.c).  cb_ymm_decode(): 1 if they run it now.
+ * plain read loop and the 512-bit kernel at ~73% (figures: kquants_avx512.c).
+ * cb_ymm_decode(): 1 if they run it now.
  * cb_ymm_decode_set(mode): -1 by CPU, 0 never, 1 always, for the whole
  * process from the next matmul on (an A/B switch, and what lets the tests
  * run the kernel on any AVX-512 CPU); returns cb_ymm_decode().  Results are
