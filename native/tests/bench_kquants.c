@@ -24,7 +24,9 @@
  * prefetch off / on (default: the engine's choice by CPU, cb_prefetch_panels),
  * CB_BENCH_YMM=0 / 1 runs one- and two-row Q4_K at the AVX-512 level on
  * the 512-bit / 256-bit kernel (default: the engine's choice by CPU,
- * cb_ymm_decode), CB_BENCH_TYPE=n only type n (CB_TYPE_*, e.g. 12 Q4_K).
+ * cb_ymm_decode), CB_BENCH_TYPE=n only type n (CB_TYPE_*, e.g. 12 Q4_K),
+ * CB_BENCH_PASSES=n passes over the matrices per timed rep (in cache, e.g.
+ * `8 448 0`, one pass is tens of microseconds: too short to time alone).
  * GOP/s counts a multiply and an add per weight and row.
  * At AVX-512 each run is followed by a vpdpbusd peak loop (peak_gops):
  * kernel/peak is the number to compare across builds and windows.
@@ -107,6 +109,9 @@ int main(int argc, char **argv) {
     void *scratch = aligned_alloc(64, cb_matmul_scratch(n_in, rows));
     const int preq = getenv("CB_BENCH_PREQ") && atoi(getenv("CB_BENCH_PREQ"));
     const int nrep = getenv("CB_BENCH_REPS") ? atoi(getenv("CB_BENCH_REPS")) : 3;  /* the first warms up */
+    /* passes over the matrices per timed rep: in cache one pass of a small matrix is tens of
+     * microseconds, too short to time (CB_BENCH_PASSES=200 with e.g. `8 448 0`) */
+    const int passes = getenv("CB_BENCH_PASSES") ? atoi(getenv("CB_BENCH_PASSES")) : 1;
     /* CB_BENCH_THREADS=n: cb_matmul over a pool of n threads (compare the wall GB/s then) */
     const int nthr = getenv("CB_BENCH_THREADS") ? atoi(getenv("CB_BENCH_THREADS")) : 1;
     cb_pool *pool = nthr > 1 ? cb_pool_new(nthr) : NULL;
@@ -149,23 +154,26 @@ int main(int argc, char **argv) {
         if (preq) cb_quantize_rows(k, x, scratch, n_in, rows, 0, rows, fmt);
         for (int rep = 0; rep < nrep; rep++) {
             double c0 = clk(CLOCK_THREAD_CPUTIME_ID), t0 = clk(CLOCK_MONOTONIC);
-            if (preq)  /* the kernel alone: activations quantized once, outside the timing */
-                for (int i = 0; i < n_mat; i++) {
-                    if (cb_kq_is_kquant(type)) cb_kq_matmul_rows(simd, &w[i], xq, xk, rows, y, n_out, 0, n_out);
-                    else k->matmul_rows(&w[i], xq, x, rows, y, n_out, 0, n_out);
-                }
-            else
-                for (int i = 0; i < n_mat; i++) cb_matmul(pool, k, &w[i], x, rows, y, scratch);
+            for (int pass = 0; pass < passes; pass++) {
+                if (preq)  /* the kernel alone: activations quantized once, outside the timing */
+                    for (int i = 0; i < n_mat; i++) {
+                        if (cb_kq_is_kquant(type)) cb_kq_matmul_rows(simd, &w[i], xq, xk, rows, y, n_out, 0, n_out);
+                        else k->matmul_rows(&w[i], xq, x, rows, y, n_out, 0, n_out);
+                    }
+                else
+                    for (int i = 0; i < n_mat; i++) cb_matmul(pool, k, &w[i], x, rows, y, scratch);
+            }
             double c1 = clk(CLOCK_THREAD_CPUTIME_ID), t1 = clk(CLOCK_MONOTONIC);
             float sink = 0.0f;
 #if defined(__x86_64__)
             if (simd == CB_SIMD_AVX512)
-                for (int i = 0; i < n_mat; i++)
-                    sink += read_loop(w[i].packed ? (const uint8_t *)w[i].packed : reads + (size_t)i * mbytes, mbytes);
+                for (int pass = 0; pass < passes; pass++)
+                    for (int i = 0; i < n_mat; i++)
+                        sink += read_loop(w[i].packed ? (const uint8_t *)w[i].packed : reads + (size_t)i * mbytes, mbytes);
 #endif
             double c2 = clk(CLOCK_THREAD_CPUTIME_ID), t2 = clk(CLOCK_MONOTONIC);
-            const double gb = (double)mbytes * n_mat / 1e9;
-            const double gop = 2.0 * (double)n_out * (double)n_in * rows * n_mat / 1e9;  /* multiply + add */
+            const double gb = (double)mbytes * n_mat * passes / 1e9;
+            const double gop = 2.0 * (double)n_out * (double)n_in * rows * n_mat * passes / 1e9;  /* multiply + add */
             /* 1M iterations, ~2 ms: after a 45 ms peak loop (20M) the next in-cache rep read 2-3x slower on a
              * Zen 4 VM (the weights leave the caches meanwhile, or the vector units slow down), from DRAM the same */
             const double pk = simd == CB_SIMD_AVX512 ? peak_gops(1000000) : 0.0;
