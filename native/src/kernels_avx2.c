@@ -248,8 +248,6 @@ T2 static void matmul_q8_0(const cb_weight *w, const cb_block_q8 *xq, int n_rows
 #define PT2_ROWS 8
 #define PT2_PF_PANELS 2  /* panels between a panel's software prefetch and its use (as kernels_avx512.c) */
 
-typedef int32_t i32u2 __attribute__((may_alias, aligned(1)));
-
 /* The 8 weight vectors (chunks 0..7, 4 weights x 8 outputs each) of half hv
  * of the panel block at p. */
 T2 static INL void p2_weights(const int type, const uint8_t *p, int hv, __m256i *W) {
@@ -282,7 +280,7 @@ T2 static INL void p2_weights(const int type, const uint8_t *p, int hv, __m256i 
 
 /* The integer sum of one activation block x4 (8 x 4 bytes) against the
  * weights W of 8 outputs, started at c (exact). */
-T2 static INL __m256i p2_isum(const int type, const __m256i *W, const i32u2 *x4, int32_t c) {
+T2 static INL __m256i p2_isum(const int type, const __m256i *W, const cb_i32u *x4, int32_t c) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s = _mm256_set1_epi32(c);
     __m256i p16 = _mm256_maddubs_epi16(W[0], _mm256_set1_epi32(x4[0]));
@@ -325,7 +323,7 @@ T2 static INL void p2_tile(const int type, const int R, const uint8_t *panel, in
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 const cb_block_q8 *xb = xr + (int64_t)r * nb + b;
-                const __m256i s = p2_isum(type, W, (const i32u2 *)xb->qs, xc ? xc[(int64_t)r * nb + b] : 0);
+                const __m256i s = p2_isum(type, W, (const cb_i32u *)xb->qs, xc ? xc[(int64_t)r * nb + b] : 0);
                 const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(xb->d));
                 __m256 a = _mm256_fmadd_ps(t, dw, _mm256_load_ps(acc[hv][r]));
                 if (type == CB_TYPE_Q4_1) a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), a);

@@ -143,23 +143,8 @@ T512 static void quantize_q8_avx512(const float *x, cb_block_q8 *q, int64_t n) {
 
 /* ------------------------------------------- quantized matmul, panel layout */
 
-/* An unaligned, aliasing 32-bit load, so that set1(*p) compiles to a
- * broadcast from memory (a load-port uop) or folds into vpdpbusd's {1to16}
- * operand, instead of a scalar load plus a GPR broadcast on the vector port. */
-typedef int32_t i32u __attribute__((may_alias, aligned(1)));
-
-/* acc += dpbusd(w, the 4 activation bytes at x broadcast to every lane), the
- * broadcast folded into the instruction's memory operand: compilers emit a
- * separate vpbroadcastd for _mm512_set1_epi32(*x), and at 8 rows the kernel
- * is bound by issued uops (measured: 8-row matmul ~7% faster folded). */
-T512 static INL __m512i dpbusd_bcast(__m512i acc, __m512i w, const i32u *x) {
-#if defined(__GNUC__) || defined(__clang__)
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
-    return acc;
-#else
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*x));
-#endif
-}
+/* acc += dpbusd(w, the 4 activation bytes at x broadcast to every lane) */
+CB_BCAST_DOT(T512, dpbusd_bcast, __m512i, "vpdpbusd", 16, _mm512_dpbusd_epi32, _mm512_set1_epi32)
 
 /* Rows of a panel tile (activation rows sharing one unpacking of weights). */
 #define PT_ROWS 8
@@ -220,7 +205,7 @@ T512 static INL void p_tile(const int type, const int R, const uint8_t *panel, i
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const cb_block_q8 *xb = xr + (int64_t)r * nb + b;
-            const i32u *xq = (const i32u *)xb->qs;  /* read in place: broadcast from memory, not via a GPR */
+            const cb_i32u *xq = (const cb_i32u *)xb->qs;  /* read in place: broadcast from memory, not via a GPR */
             __m512i s0 = type == CB_TYPE_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(xc[(int64_t)r * nb + b]);
             if (R < 4) {
                 /* two dependency chains: few rows are latency-bound on one */

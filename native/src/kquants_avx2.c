@@ -45,11 +45,9 @@ KQ_ATTR static inline __m256i kq_mulsum_avx2(__m256i wu, __m256i xs) {
 #define KP2_PF_PANELS 2  /* panels between a panel's software prefetch and its use */
 #define KP2_ROW_BLOCK_BYTES (192 * 1024)  /* int8 activations per row block (L2-resident) */
 
-typedef int32_t kq2_i32u __attribute__((may_alias, aligned(1)));
-
 #define KP2_INL static inline __attribute__((always_inline))
 
-KQ_ATTR KP2_INL __m256i kp2_bcast(const kq2_i32u *x) { return _mm256_set1_epi32(*x); }
+KQ_ATTR KP2_INL __m256i kp2_bcast(const cb_i32u *x) { return _mm256_set1_epi32(*x); }
 
 /* Int16 pairs (a_o, b_o) of two 8-byte rows in lane o (o < 8). */
 KQ_ATTR KP2_INL __m256i kp2_pairs_u8(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)); }
@@ -118,7 +116,7 @@ KQ_ATTR KP2_INL void kp2_sb_q45(const int q5, const int R, const uint8_t *p, int
             const __m256i scj = sc[j];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                const kq2_i32u *x4 = (const kq2_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
+                const cb_i32u *x4 = (const cb_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
                 if (q5) {  /* 5-bit: four chunks per int16 sum */
 #pragma GCC unroll 2
                     for (int c = 0; c < 8; c += 4) {
@@ -140,7 +138,7 @@ KQ_ATTR KP2_INL void kp2_sb_q45(const int q5, const int R, const uint8_t *p, int
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
-            const kq2_i32u *b2 = (const kq2_i32u *)xb->bs32;
+            const cb_i32u *b2 = (const cb_i32u *)xb->bs32;
             __m256i ms = _mm256_madd_epi16(mp[0], kp2_bcast(b2));
 #pragma GCC unroll 3
             for (int k = 1; k < 4; k++) ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], kp2_bcast(b2 + k)));
@@ -185,7 +183,7 @@ KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int nh, in
             kp2_q6_group(p + 288 + 192 * (2 * b + 1) + 32 * hv, W + 4);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                const kq2_i32u *x4 = (const kq2_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * b);
+                const cb_i32u *x4 = (const cb_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * b);
                 __m256i t = isum[r];
 #pragma GCC unroll 4
                 for (int c = 0; c < 8; c += 2) {
@@ -207,7 +205,7 @@ KQ_ATTR KP2_INL void kp2_sb_q6(const int R, const uint8_t *p, int hv, int nh, in
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
-            const kq2_i32u *b2 = (const kq2_i32u *)xb->bs16;
+            const cb_i32u *b2 = (const cb_i32u *)xb->bs16;
             __m256i t = isum[r];
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) t = _mm256_add_epi32(t, _mm256_madd_epi16(op[k], kp2_bcast(b2 + k)));

@@ -51,25 +51,11 @@ KQ_ATTR static inline __m256i kq_mulsum_avx512(__m256i wu, __m256i xs) {
 /* Panels between a panel's software prefetch and its use (as kernels_avx512.c). */
 #define KP_PF_PANELS 2
 
-typedef int32_t kq_i32u __attribute__((may_alias, aligned(1)));
-
-/* name(acc, w, x): acc += INSN(w, the 32 bits at x broadcast to every lane),
- * the broadcast folded into the instruction's memory operand ({1toLANES}). */
-#if defined(__GNUC__) || defined(__clang__)
-#define KP_BCAST_DOT(name, vec, insn, lanes, intrin, set1)                                  \
-    KQ_ATTR static INL vec name(vec acc, vec w, const kq_i32u *x) {                         \
-        __asm__(insn " %2%{1to" #lanes "%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));        \
-        return acc;                                                                         \
-    }
-#else
-#define KP_BCAST_DOT(name, vec, insn, lanes, intrin, set1)                                  \
-    KQ_ATTR static INL vec name(vec acc, vec w, const kq_i32u *x) { return intrin(acc, w, set1(*x)); }
-#endif
 /* dpbusd: 4 activation bytes; dpwssd: an int16 pair of activation sums */
-KP_BCAST_DOT(kp_dp, __m512i, "vpdpbusd", 16, _mm512_dpbusd_epi32, _mm512_set1_epi32)
-KP_BCAST_DOT(kp_dpw, __m512i, "vpdpwssd", 16, _mm512_dpwssd_epi32, _mm512_set1_epi32)
-KP_BCAST_DOT(ky_dp, __m256i, "vpdpbusd", 8, _mm256_dpbusd_epi32, _mm256_set1_epi32)
-KP_BCAST_DOT(ky_dpw, __m256i, "vpdpwssd", 8, _mm256_dpwssd_epi32, _mm256_set1_epi32)
+CB_BCAST_DOT(KQ_ATTR, kp_dp, __m512i, "vpdpbusd", 16, _mm512_dpbusd_epi32, _mm512_set1_epi32)
+CB_BCAST_DOT(KQ_ATTR, kp_dpw, __m512i, "vpdpwssd", 16, _mm512_dpwssd_epi32, _mm512_set1_epi32)
+CB_BCAST_DOT(KQ_ATTR, ky_dp, __m256i, "vpdpbusd", 8, _mm256_dpbusd_epi32, _mm256_set1_epi32)
+CB_BCAST_DOT(KQ_ATTR, ky_dpw, __m256i, "vpdpwssd", 8, _mm256_dpwssd_epi32, _mm256_set1_epi32)
 
 static inline __mmask16 kp_mask(int64_t rem) {
     return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
@@ -152,7 +138,7 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
             const __m512i scj = sc[j];
 #pragma GCC unroll 16
             for (int r = 0; r < R; r++) {
-                const kq_i32u *x4 = (const kq_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
+                const cb_i32u *x4 = (const cb_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
                 __m512i t0 = kp_dp(_mm512_setzero_si512(), W[0], x4);
                 __m512i t1 = kp_dp(_mm512_setzero_si512(), W[4], x4 + 4);
 #pragma GCC unroll 3
@@ -170,7 +156,7 @@ KQ_ATTR static INL void kp_tile_q45(const int q5, const int R, const uint8_t *pa
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
             const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
-            const kq_i32u *b2 = (const kq_i32u *)xb->bs32;
+            const cb_i32u *b2 = (const cb_i32u *)xb->bs32;
             __m512i ms = kp_dpw(_mm512_setzero_si512(), mp[0], b2);
             ms = kp_dpw(ms, mp[1], b2 + 1);
             ms = kp_dpw(ms, mp[2], b2 + 2);
@@ -233,7 +219,7 @@ KQ_ATTR static INL void kp_tile_q6(const int R, const uint8_t *panel, int64_t ns
             kp_q6_group(p + 288 + 192 * (2 * b + 1), W + 4);
 #pragma GCC unroll 16
             for (int r = 0; r < R; r++) {
-                const kq_i32u *x4 = (const kq_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * b);
+                const cb_i32u *x4 = (const cb_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * b);
                 __m512i s0 = kp_dp(_mm512_set1_epi32(off[r][2 * b]), W[0], x4);
                 __m512i s1 = kp_dp(_mm512_set1_epi32(off[r][2 * b + 1]), W[4], x4 + 4);
 #pragma GCC unroll 3
@@ -349,7 +335,7 @@ KQ_ATTR static INL void ky_tile_q4(const int R, const uint8_t *panel, int64_t ns
                 const __m256i scj = _mm256_load_si256(&sc[j][h]);
 #pragma GCC unroll 2
                 for (int r = 0; r < R; r++) {
-                    const kq_i32u *x4 = (const kq_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
+                    const cb_i32u *x4 = (const cb_i32u *)(xr[(int64_t)r * nsb + s].qs + 32 * j);
                     __m256i t0 = ky_dp(_mm256_setzero_si256(), W[0], x4);
                     __m256i t1 = ky_dp(_mm256_setzero_si256(), W[4], x4 + 4);
 #pragma GCC unroll 3
@@ -377,7 +363,7 @@ KQ_ATTR static INL void ky_tile_q4(const int R, const uint8_t *panel, int64_t ns
 #pragma GCC unroll 2
             for (int r = 0; r < R; r++) {
                 const cb_block_q8k *xb = xr + (int64_t)r * nsb + s;
-                const kq_i32u *b2 = (const kq_i32u *)xb->bs32;
+                const cb_i32u *b2 = (const cb_i32u *)xb->bs32;
                 __m256i ms = ky_dpw(_mm256_setzero_si256(), mp[0], b2);
                 ms = ky_dpw(ms, mp[1], b2 + 1);
                 ms = ky_dpw(ms, mp[2], b2 + 2);
@@ -576,7 +562,7 @@ KA_ATTR static INL void ka_step(const int type, const ka_stage *st, int t, int32
                                         _mm512_load_si512((const void *)c[1][r]));
         if (!q5) isum = _mm512_slli_epi32(isum, 4);  /* the VNNI kernel's 16 * isum against d / 16 */
         const cb_block_q8k *xb = (const cb_block_q8k *)((const char *)xb0 + (size_t)r * xs);
-        const kq_i32u *b2 = (const kq_i32u *)xb->bs32;
+        const cb_i32u *b2 = (const cb_i32u *)xb->bs32;
         __m512i ms = kp_dpw(_mm512_setzero_si512(), mp0, b2);
         ms = kp_dpw(ms, mp1, b2 + 1);
         ms = kp_dpw(ms, mp2, b2 + 2);
