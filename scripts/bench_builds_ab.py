@@ -38,11 +38,12 @@ WORKER = r"""
 import json, sys, time
 from colibri_lab import _engine
 import colibri_lab
-model, simd = _engine.Model(sys.argv[1]), sys.argv[2]
-if sys.argv[3] != "default":
-    _engine.set_prefetch(sys.argv[3])
-if sys.argv[4] != "default":
-    _engine.set_ymm_decode({"auto": None, "on": True, "off": False}[sys.argv[4]])
+model, knobs = _engine.Model(sys.argv[1]), json.loads(sys.argv[2])
+simd = knobs["simd"]
+if knobs["prefetch"] != "default":
+    _engine.set_prefetch(knobs["prefetch"])
+if knobs["ymm"] != "default":
+    _engine.set_ymm_decode({"auto": None, "on": True, "off": False}[knobs["ymm"]])
 engines = {}
 def engine(nt, n_slots, n_ctx, n_batch):
     key = (nt, n_slots, n_ctx, n_batch)
@@ -94,11 +95,21 @@ for line in sys.stdin:
 """
 
 
+# Per-variant settings: --NAME-a / --NAME-b, (default, choices or None, help).
+KNOBS = {
+    "simd": ("auto", None, "SIMD level of variant A: auto, avx512, avx2 or scalar"),
+    "prefetch": ("default", ["default", "auto", "on", "off"],
+                 "panel software-prefetch mode of variant A (_engine.set_prefetch; default: as started)"),
+    "ymm": ("default", ["default", "auto", "on", "off"],
+            "decode's Q4_K on the 256-bit kernel in variant A (_engine.set_ymm_decode; default: as started)"),
+}
+
+
 class Worker:
-    def __init__(self, tree, simd, model, prefetch="default", ymm="default"):
+    def __init__(self, tree, model, knobs):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.abspath(tree)
-        self.p = subprocess.Popen([sys.executable, "-c", WORKER, model, simd, prefetch, ymm], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen([sys.executable, "-c", WORKER, model, json.dumps(knobs)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env,
                                   cwd=env["PYTHONPATH"])  # '' on sys.path is the tree, before any install
         self.file = json.loads(self.p.stdout.readline())["file"]
@@ -122,14 +133,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="tree whose colibri_lab is variant A")
     ap.add_argument("--b", required=True, help="tree whose colibri_lab is variant B")
-    ap.add_argument("--simd-a", default="auto")
-    ap.add_argument("--simd-b", default="auto")
-    ap.add_argument("--prefetch-a", default="default", choices=["default", "auto", "on", "off"],
-                    help="panel software-prefetch mode of variant A (_engine.set_prefetch; default: as started)")
-    ap.add_argument("--prefetch-b", default="default", choices=["default", "auto", "on", "off"])
-    ap.add_argument("--ymm-a", default="default", choices=["default", "auto", "on", "off"],
-                    help="decode's Q4_K on the 256-bit kernel in variant A (_engine.set_ymm_decode; default: as started)")
-    ap.add_argument("--ymm-b", default="default", choices=["default", "auto", "on", "off"])
+    for name, (default, choices, help_a) in KNOBS.items():
+        ap.add_argument(f"--{name}-a", default=default, choices=choices, help=help_a)
+        ap.add_argument(f"--{name}-b", default=default, choices=choices, help="the same for variant B")
     ap.add_argument("--model", required=True)
     ap.add_argument("--sections", default="prefill,decode")
     ap.add_argument("--threads", default="1,2")
@@ -139,11 +145,11 @@ def main():
     ap.add_argument("--streams", type=int, default=8)
     args = ap.parse_args()
     model = os.path.expanduser(args.model)
-    wa = Worker(args.a, args.simd_a, model, args.prefetch_a, args.ymm_a)
-    wb = Worker(args.b, args.simd_b, model, args.prefetch_b, args.ymm_b)
-    print(f"A: {wa.file} simd={args.simd_a} prefetch={args.prefetch_a} ymm={args.ymm_a}\n"
-          f"B: {wb.file} simd={args.simd_b} prefetch={args.prefetch_b} ymm={args.ymm_b}\nload {os.getloadavg()[0]:.2f}",
-          flush=True)
+    knobs = {v: {name: getattr(args, f"{name}_{v}") for name in KNOBS} for v in "ab"}
+    wa, wb = Worker(args.a, model, knobs["a"]), Worker(args.b, model, knobs["b"])
+    for v, w in (("A", wa), ("B", wb)):
+        print(f"{v}: {w.file} " + " ".join(f"{k}={x}" for k, x in knobs[v.lower()].items()))
+    print(f"load {os.getloadavg()[0]:.2f}", flush=True)
     ids = [1000 + (i * 7919) % 20000 for i in range(max(args.prefill_tokens, 32 * args.streams))]
     for sec in args.sections.split(","):
         for nt in [int(t) for t in args.threads.split(",")]:
