@@ -1394,35 +1394,50 @@ static int restart_at(cb_engine *e, int slot, int pos, char *err, size_t err_len
     return CB_OK;
 }
 
-int cb_engine_forward(cb_engine *e, int slot, const int32_t *tokens, int n, int pos,
-                      float *logits_out, char *err, size_t err_len) {
-    if (err && err_len) err[0] = 0;
-    if (!e || !tokens || !logits_out) return CB_ERR_ARG;
+/* What cb_engine_forward and cb_engine_forward_argmax check before they run
+ * (slot, tokens, positions), then the restart at pos. */
+static int forward_begin(cb_engine *e, int slot, const int32_t *tokens, int n, int pos, char *err, size_t err_len) {
     if (slot < 0 || slot >= e->params.n_slots) { set_err(err, err_len, "slot %d is out of range [0, %d)", slot, e->params.n_slots); return CB_ERR_ARG; }
-    cb_slot *sl = &e->slots[slot];
+    const cb_slot *sl = &e->slots[slot];
     if (sl->req >= 0) { set_err(err, err_len, "slot %d is busy with a request", slot); return CB_ERR_BUSY; }
     if (n < 1) { set_err(err, err_len, "forward needs at least one token"); return CB_ERR_ARG; }
     if (pos < 0 || pos > sl->n_past) { set_err(err, err_len, "pos %d must be in [0, %d] (positions before it need KV)", pos, sl->n_past); return CB_ERR_ARG; }
     if (pos + n > e->params.n_ctx) { set_err(err, err_len, "context_length_exceeded: %d + %d tokens > context of %d", pos, n, e->params.n_ctx); return CB_ERR_CONTEXT; }
-    int n_vocab = e->model->info.n_vocab;
+    const int n_vocab = e->model->info.n_vocab;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= n_vocab) { set_err(err, err_len, "token %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab); return CB_ERR_ARG; }
-    int rc = restart_at(e, slot, pos, err, err_len);
+    return restart_at(e, slot, pos, err, err_len);
+}
+
+/* One forward step over tokens[done ..) (at most n_logits of them, every row
+ * with its logits) at positions pos + done ..; returns how many it ran. */
+static int forward_chunk(cb_engine *e, int slot, const int32_t *tokens, int n, int pos, int done) {
+    cb_slot *sl = &e->slots[slot];
+    const int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
+    for (int j = 0; j < chunk; j++) {
+        e->b_tokens[j] = tokens[done + j];
+        e->b_pos[j] = pos + done + j;
+        e->b_slot[j] = slot;
+        e->b_logit[j] = j;
+        sl->tokens[pos + done + j] = tokens[done + j];
+    }
+    cb_batch b = { chunk, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
+    cb_forward(&e->ctx, &b);
+    sl->n_past = pos + done + chunk;
+    return chunk;
+}
+
+int cb_engine_forward(cb_engine *e, int slot, const int32_t *tokens, int n, int pos,
+                      float *logits_out, char *err, size_t err_len) {
+    if (err && err_len) err[0] = 0;
+    if (!e || !tokens || !logits_out) return CB_ERR_ARG;
+    int rc = forward_begin(e, slot, tokens, n, pos, err, err_len);
     if (rc) return rc;
+    const int n_vocab = e->model->info.n_vocab;
     for (int done = 0; done < n;) {
-        int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
-        for (int j = 0; j < chunk; j++) {
-            e->b_tokens[j] = tokens[done + j];
-            e->b_pos[j] = pos + done + j;
-            e->b_slot[j] = slot;
-            e->b_logit[j] = j;
-            sl->tokens[pos + done + j] = tokens[done + j];
-        }
-        cb_batch b = { chunk, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
-        cb_forward(&e->ctx, &b);
+        const int chunk = forward_chunk(e, slot, tokens, n, pos, done);
         memcpy(logits_out + (size_t)done * n_vocab, e->ctx.logits, (size_t)chunk * n_vocab * sizeof(float));
         done += chunk;
-        sl->n_past = pos + done;
     }
     return CB_OK;
 }
@@ -1431,31 +1446,15 @@ int cb_engine_forward_argmax(cb_engine *e, int slot, const int32_t *tokens, int 
                              int32_t *argmax_out, char *err, size_t err_len) {
     if (err && err_len) err[0] = 0;
     if (!e || !tokens || !argmax_out) return CB_ERR_ARG;
-    if (slot < 0 || slot >= e->params.n_slots) { set_err(err, err_len, "slot %d is out of range [0, %d)", slot, e->params.n_slots); return CB_ERR_ARG; }
-    cb_slot *sl = &e->slots[slot];
-    if (sl->req >= 0) { set_err(err, err_len, "slot %d is busy with a request", slot); return CB_ERR_BUSY; }
-    if (n < 1) { set_err(err, err_len, "forward needs at least one token"); return CB_ERR_ARG; }
-    if (pos < 0 || pos > sl->n_past) { set_err(err, err_len, "pos %d must be in [0, %d] (positions before it need KV)", pos, sl->n_past); return CB_ERR_ARG; }
-    if (pos + n > e->params.n_ctx) { set_err(err, err_len, "context_length_exceeded: %d + %d tokens > context of %d", pos, n, e->params.n_ctx); return CB_ERR_CONTEXT; }
-    int n_vocab = e->model->info.n_vocab, n_layer = e->model->info.n_layer, kept = 0;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= n_vocab) { set_err(err, err_len, "token %d at index %d is out of range [0, %d)", tokens[i], i, n_vocab); return CB_ERR_ARG; }
+    const int n_vocab = e->model->info.n_vocab, n_layer = e->model->info.n_layer;
+    int kept = 0;
     for (int l = 0; l < n_layer; l++) kept += !(skip && skip[l]);
     if (kept == 0) { set_err(err, err_len, "cannot skip every layer"); return CB_ERR_ARG; }
-    int rc = restart_at(e, slot, pos, err, err_len);
+    int rc = forward_begin(e, slot, tokens, n, pos, err, err_len);
     if (rc) return rc;
     e->ctx.skip_layer = skip;
     for (int done = 0; done < n;) {
-        int chunk = n - done < e->ctx.n_logits ? n - done : e->ctx.n_logits;
-        for (int j = 0; j < chunk; j++) {
-            e->b_tokens[j] = tokens[done + j];
-            e->b_pos[j] = pos + done + j;
-            e->b_slot[j] = slot;
-            e->b_logit[j] = j;
-            sl->tokens[pos + done + j] = tokens[done + j];
-        }
-        cb_batch b = { chunk, e->b_tokens, e->b_pos, e->b_slot, e->b_logit };
-        cb_forward(&e->ctx, &b);
+        const int chunk = forward_chunk(e, slot, tokens, n, pos, done);
         for (int j = 0; j < chunk; j++) {
             int64_t t = e->ctx.head_idx[j];
             if (t < 0) {  /* the head found no maximum (NaN / -inf row): take it from the logits */
@@ -1466,7 +1465,6 @@ int cb_engine_forward_argmax(cb_engine *e, int slot, const int32_t *tokens, int 
             argmax_out[done + j] = (int32_t)t;
         }
         done += chunk;
-        sl->n_past = pos + done;
     }
     e->ctx.skip_layer = NULL;
     return CB_OK;
